@@ -1,0 +1,43 @@
+"""The ``kvrouter`` command: one console script, one subcommand per job.
+
+Each subcommand's module is imported only when it runs, so ``kvrouter policy check`` does not
+pay for aiohttp or grpc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# subcommand -> module with ``add_arguments(parser)`` and ``run(args) -> int``
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("router.serve", "run the gateway in front of OpenAI-compatible engines"),
+    "engine-sim": ("router.engine_sim", "run a simulated OpenAI-compatible engine"),
+    "simulate": ("router.simulate", "replay a trace through the routing core offline"),
+    "policy": ("router.policy_cli", "validate policy files"),
+    "demo": ("router.demo", "start engines and a router, drive a workload, compare policies"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvrouter", description="KV-cache-aware request router for LLM inference fleets."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in _COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = importlib.import_module(args._module).run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""The pure routing core: no I/O, no clock it was not handed.
+
+Modules, from the request inwards:
+
+- ``blocks``: an OpenAI request body -> canonical routing text -> chained block keys.
+- ``lru``: a recency-ordered key set with bounded size; the eviction model shared by the
+  router's index and the simulated engines' prefix caches.
+- ``index``: which engine holds which block keys, expressed as mergeable deltas.
+- ``ring``: consistent hashing with bounded loads, for prefixes nobody holds yet.
+- ``load``: in-flight requests and prompt tokens per engine, local and reported by peers.
+- ``policy``: the YAML policy model with strict loading.
+- ``scoring``: filters, scorers and pickers, registered by kebab-case type name.
+- ``decision``: the one decision function the gateway and the simulator both call.
+- ``engine_model``: an engine's prefix cache and timing, for the simulator and engine-sim.
+- ``simulator``: discrete-event replay of a trace through ``decision``.
+"""

@@ -1,0 +1,201 @@
+"""An OpenAI request body -> canonical routing text -> chained block keys.
+
+The routing text is built from the parsed fields in a fixed order, so JSON key order and
+whitespace never change it. Tool definitions come first (chat templates put them in the
+system preamble, and they rarely change within a conversation), then every message in order.
+A conversation that grows by appending messages therefore keeps its earlier text as a prefix,
+which is what an engine's prefix cache sees too.
+
+Blocks are ``block_chars`` characters (about a quarter as many tokens for English text; a
+token-id prompt uses ``block_chars // 4`` ids per block). Only full blocks get keys: a partial
+tail can never be matched in full by a later request. Each key is xxh3_64 of the block seeded
+with the previous key (the first with a hash of the namespace), so a key names the whole prefix
+up to and including its block, and keys of different models never meet.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+_xxh3 = xxhash.xxh3_64_intdigest
+
+# Separators that do not occur in ordinary text keep fields from running into each other:
+# ("ab", "c") and ("a", "bc") must not produce the same routing text.
+_RS = "\x1e"  # before each message
+_US = "\x1f"  # between fields of a message
+
+# How many characters stand for one token in block sizing; a common estimate for English.
+CHARS_PER_TOKEN = 4
+
+
+class RequestShapeError(ValueError):
+    """The body lacks, or mistypes, a field routing needs. ``param`` names the field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingText:
+    """What a request is routed on: its namespace and its prompt (text, or token ids)."""
+
+    namespace: str
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+
+    @property
+    def approx_tokens(self) -> int:
+        if self.token_ids is not None:
+            return len(self.token_ids)
+        return len(self.text or "") // CHARS_PER_TOKEN
+
+
+def namespace_of(body: Mapping[str, Any]) -> str:
+    """The model, and the LoRA adapter when the request names one (SGLang: ``lora_path``)."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestShapeError("'model' must be a non-empty string", "model")
+    adapter = body.get("lora_adapter", body.get("lora_path"))
+    if isinstance(adapter, str) and adapter:
+        return f"{model}{_US}lora{_US}{adapter}"
+    return model
+
+
+def _canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _digest(data: str) -> str:
+    return xxhash.xxh3_64_hexdigest(data.encode("utf-8", "surrogatepass"))
+
+
+def _content_text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RequestShapeError(f"'{where}' must be a string or an array of content parts", where)
+    parts: list[str] = []
+    for i, part in enumerate(content):
+        if isinstance(part, str):
+            parts.append(part)
+            continue
+        if not isinstance(part, Mapping):
+            raise RequestShapeError(f"'{where}[{i}]' must be an object", f"{where}[{i}]")
+        kind = part.get("type")
+        if kind == "text" or (kind is None and "text" in part):
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise RequestShapeError(f"'{where}[{i}].text' must be a string", f"{where}[{i}]")
+            parts.append(text)
+        elif kind == "image_url":
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, Mapping) else image
+            if not isinstance(url, str):
+                raise RequestShapeError(
+                    f"'{where}[{i}].image_url.url' must be a string", f"{where}[{i}]"
+                )
+            # An image is as large as its data URL; its hash stands for it in the text.
+            parts.append(f"<image:{_digest(url)}>")
+        else:
+            # Audio, files and future part types: route on a digest of their canonical form.
+            parts.append(f"<{kind}:{_digest(_canonical_json(part))}>")
+    return "\n".join(parts)
+
+
+def _chat_text(body: Mapping[str, Any]) -> str:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestShapeError("'messages' must be a non-empty array", "messages")
+    out: list[str] = []
+    tools = body.get("tools", body.get("functions"))
+    if tools:
+        out.append(f"{_RS}tools{_US}{_canonical_json(tools)}")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, Mapping):
+            raise RequestShapeError(f"'messages[{i}]' must be an object", f"messages[{i}]")
+        role = msg.get("role")
+        if not isinstance(role, str):
+            raise RequestShapeError(f"'messages[{i}].role' must be a string", f"messages[{i}].role")
+        text = _content_text(msg.get("content"), f"messages[{i}].content")
+        out.append(f"{_RS}{role}{_US}{text}")
+        name = msg.get("name")
+        if isinstance(name, str):
+            out.append(f"{_US}name{_US}{name}")
+        calls = msg.get("tool_calls", msg.get("function_call"))
+        if calls:
+            out.append(f"{_US}calls{_US}{_canonical_json(calls)}")
+        call_id = msg.get("tool_call_id")
+        if isinstance(call_id, str):
+            out.append(f"{_US}id{_US}{call_id}")
+    return "".join(out)
+
+
+def _is_token_list(value: Sequence[Any]) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def routing_text(body: Mapping[str, Any]) -> RoutingText:
+    """Canonical routing text of a chat or completions body; raises ``RequestShapeError``."""
+    namespace = namespace_of(body)
+    if "messages" in body:
+        return RoutingText(namespace, text=_chat_text(body))
+    prompt = body.get("prompt", body.get("input"))
+    if isinstance(prompt, str):
+        return RoutingText(namespace, text=prompt)
+    if isinstance(prompt, list) and prompt:
+        if _is_token_list(prompt):
+            return RoutingText(namespace, token_ids=tuple(prompt))
+        if all(isinstance(p, str) for p in prompt):
+            # A batch of prompts goes to one engine together: route on all of them in order.
+            return RoutingText(namespace, text=_RS.join(prompt))
+        if all(isinstance(p, list) and p and _is_token_list(p) for p in prompt):
+            return RoutingText(namespace, token_ids=tuple(t for p in prompt for t in p))
+    field = "input" if "input" in body and "prompt" not in body else "prompt"
+    raise RequestShapeError(
+        f"'{field}' must be a string, an array of strings or an array of token ids "
+        "(or send 'messages' for chat)",
+        field,
+    )
+
+
+def namespace_seed(namespace: str) -> int:
+    return _xxh3(namespace.encode("utf-8", "surrogatepass"))
+
+
+def block_keys(rt: RoutingText, block_chars: int) -> list[int]:
+    """Chained xxh3_64 keys of the full blocks of ``rt``'s prompt."""
+    seed = namespace_seed(rt.namespace)
+    if rt.token_ids is not None:
+        per_block = max(1, block_chars // CHARS_PER_TOKEN)
+        data = array("I", (t & 0xFFFFFFFF for t in rt.token_ids)).tobytes()
+        return _chain(data, per_block * 4, seed)
+    text = rt.text or ""
+    if text.isascii():
+        # One character is one byte: encode once and cut the bytes.
+        return _chain(text.encode("ascii"), block_chars, seed)
+    keys: list[int] = []
+    h = seed
+    for start in range(0, len(text) - block_chars + 1, block_chars):
+        h = _xxh3(text[start : start + block_chars].encode("utf-8", "surrogatepass"), h)
+        keys.append(h)
+    return keys
+
+
+def _chain(data: bytes, size: int, seed: int) -> list[int]:
+    keys: list[int] = []
+    append = keys.append
+    h = seed
+    view = memoryview(data)
+    for start in range(0, len(data) - size + 1, size):
+        h = _xxh3(view[start : start + size], h)
+        append(h)
+    return keys

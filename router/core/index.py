@@ -1,0 +1,220 @@
+"""Which engine holds which block keys: the router's belief about every engine's prefix cache.
+
+Each engine has an ``LruKeys`` with the capacity of the engine's own cache, so the belief
+forgets blocks in the order the engine evicts them. Every change made here is also returned as
+a ``Delta``: the serialisable unit that gossip carries between router replicas and that KV
+events from engines are translated into. Applying a delta is idempotent (each origin numbers
+its deltas; a number seen before is ignored) and deltas of one origin may arrive in any order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from router.core.lru import LruKeys
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """One change to one engine's blocks, numbered by the replica (or engine) that saw it."""
+
+    origin: str
+    seq: int
+    engine: str
+    added: tuple[int, ...] = ()
+    removed: tuple[int, ...] = ()
+    cleared: bool = False
+
+
+@dataclass(slots=True)
+class SeqWindow:
+    """The sequence numbers seen from one origin: all up to ``floor``, and some above it.
+
+    Bounded: when more than ``limit`` numbers wait above a gap, the floor jumps past the gap
+    (a delta lost that long ago is repaired by anti-entropy, not by waiting for it).
+    """
+
+    floor: int = 0
+    above: set[int] = field(default_factory=set)
+    limit: int = 4096
+
+    def add(self, seq: int) -> bool:
+        """Record ``seq``; False when it was seen before."""
+        if seq <= self.floor or seq in self.above:
+            return False
+        self.above.add(seq)
+        while self.floor + 1 in self.above:
+            self.floor += 1
+            self.above.discard(self.floor)
+        if len(self.above) > self.limit:
+            self.floor = min(self.above)
+            self.above.discard(self.floor)
+            while self.floor + 1 in self.above:
+                self.floor += 1
+                self.above.discard(self.floor)
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class IndexLimits:
+    """Capacity model: blocks per engine (its KV cache), optional age limit, global cap."""
+
+    engine_capacity_blocks: int
+    ttl_seconds: float | None = None
+    max_entries: int = 4_000_000
+
+
+class BlockIndex:
+    """Per-engine block keys with LRU eviction, a global entry cap, and mergeable deltas."""
+
+    def __init__(self, limits: IndexLimits, origin: str = "local") -> None:
+        self.limits = limits
+        self.origin = origin
+        self._engines: dict[str, LruKeys] = {}
+        self._capacity_override: dict[str, int] = {}
+        self._seq = 0
+        self._seen: dict[str, SeqWindow] = {}
+        self._entries = 0
+
+    # -- engines -----------------------------------------------------------------------------
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        return tuple(self._engines)
+
+    def add_engine(self, engine: str, capacity_blocks: int | None = None) -> None:
+        """Start tracking ``engine`` (a no-op when known; a new capacity applies at once)."""
+        if capacity_blocks is not None:
+            self._capacity_override[engine] = capacity_blocks
+        cap = self._capacity_override.get(engine, self.limits.engine_capacity_blocks)
+        lru = self._engines.get(engine)
+        if lru is None:
+            self._engines[engine] = LruKeys(cap, self.limits.ttl_seconds)
+        elif lru.capacity != cap:
+            lru.capacity = cap
+            if len(lru) > cap:
+                self._entries -= len(lru.evict(len(lru) - cap))
+
+    def drop_engine(self, engine: str) -> None:
+        """Forget ``engine`` and everything it held."""
+        lru = self._engines.pop(engine, None)
+        self._capacity_override.pop(engine, None)
+        if lru is not None:
+            self._entries -= len(lru)
+
+    def blocks(self, engine: str) -> int:
+        lru = self._engines.get(engine)
+        return len(lru) if lru is not None else 0
+
+    def __len__(self) -> int:
+        """Entries: (block, engine) pairs held."""
+        return self._entries
+
+    # -- local changes (each returns the delta to spread) -------------------------------------
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def record(self, engine: str, keys: Sequence[int], now: float) -> Delta:
+        """``engine`` now holds the chain ``keys`` (a request was routed there)."""
+        self._touch(engine, keys, now)
+        return Delta(self.origin, self._next(), engine, added=tuple(keys))
+
+    def remove(self, engine: str, keys: Iterable[int]) -> Delta:
+        keys = tuple(keys)
+        self._discard(engine, keys)
+        return Delta(self.origin, self._next(), engine, removed=keys)
+
+    def clear(self, engine: str) -> Delta:
+        self._clear(engine)
+        return Delta(self.origin, self._next(), engine, cleared=True)
+
+    # -- merging -----------------------------------------------------------------------------
+
+    def apply(self, delta: Delta, now: float) -> bool:
+        """Merge a delta from another origin; False (and no change) when seen before."""
+        window = self._seen.get(delta.origin)
+        if window is None:
+            window = self._seen[delta.origin] = SeqWindow()
+        if not window.add(delta.seq):
+            return False
+        if delta.cleared:
+            self._clear(delta.engine)
+        if delta.removed:
+            self._discard(delta.engine, delta.removed)
+        if delta.added:
+            self._touch(delta.engine, delta.added, now)
+        return True
+
+    def seen(self) -> Mapping[str, int]:
+        """Per origin, the sequence number up to which every delta has been applied."""
+        return {origin: w.floor for origin, w in self._seen.items()}
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def overlaps(
+        self, keys: Sequence[int], engines: Iterable[str], now: float | None = None
+    ) -> dict[str, int]:
+        """Per engine, how many leading blocks of ``keys`` it holds (engines with none omitted)."""
+        if not keys:
+            return {}
+        first = keys[0]
+        known = self._engines
+        out: dict[str, int] = {}
+        for e in engines:
+            lru = known.get(e)
+            if lru is not None and first in lru:
+                n = lru.leading(keys if isinstance(keys, list) else list(keys), now)
+                if n:
+                    out[e] = n
+        return out
+
+    def holders(self, key: int) -> list[str]:
+        return [e for e, lru in self._engines.items() if key in lru]
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _lru(self, engine: str) -> LruKeys:
+        lru = self._engines.get(engine)
+        if lru is None:
+            self.add_engine(engine)
+            lru = self._engines[engine]
+        return lru
+
+    def _touch(self, engine: str, keys: Sequence[int], now: float) -> None:
+        lru = self._lru(engine)
+        before = len(lru)
+        if lru.ttl is not None:
+            self._entries -= len(lru.expire(now))
+            before = len(lru)
+        # Deepest block first, so the leading blocks end most recent: like an engine, the
+        # index then forgets the tail of a prefix before its head.
+        lru.touch(reversed(keys), now)
+        self._entries += len(lru) - before
+        if self._entries > self.limits.max_entries:
+            self._shrink()
+
+    def _discard(self, engine: str, keys: Iterable[int]) -> None:
+        lru = self._engines.get(engine)
+        if lru is not None:
+            self._entries -= len(lru.discard(keys))
+
+    def _clear(self, engine: str) -> None:
+        lru = self._engines.get(engine)
+        if lru is not None:
+            self._entries -= len(lru)
+            lru.clear()
+
+    def _shrink(self) -> None:
+        # Over the global cap: take the overflow (plus slack, so this runs rarely) from the
+        # engines holding the most, in proportion to what each holds.
+        excess = self._entries - self.limits.max_entries + self.limits.max_entries // 64
+        total = self._entries
+        for lru in sorted(self._engines.values(), key=len, reverse=True):
+            if excess <= 0:
+                break
+            share = min(len(lru), max(1, -(-excess * len(lru) // total)))
+            self._entries -= len(lru.evict(share))
+            excess -= share
