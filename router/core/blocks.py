@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,11 +191,16 @@ def block_keys(rt: RoutingText, block_chars: int) -> list[int]:
 
 
 def _chain(data: bytes, size: int, seed: int) -> list[int]:
+    view = memoryview(data)
+    return chain_keys((view[i : i + size] for i in range(0, len(data) - size + 1, size)), seed)
+
+
+def chain_keys(chunks: Iterable[bytes | memoryview], seed: int) -> list[int]:
+    """Chained xxh3_64 over ``chunks``: each key is seeded with the one before it."""
     keys: list[int] = []
     append = keys.append
     h = seed
-    view = memoryview(data)
-    for start in range(0, len(data) - size + 1, size):
-        h = _xxh3(view[start : start + size], h)
+    for chunk in chunks:
+        h = _xxh3(chunk, h)
         append(h)
     return keys

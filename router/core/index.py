@@ -212,9 +212,7 @@ class BlockIndex:
         # engines holding the most, in proportion to what each holds.
         excess = self._entries - self.limits.max_entries + self.limits.max_entries // 64
         total = self._entries
-        for lru in sorted(self._engines.values(), key=len, reverse=True):
-            if excess <= 0:
-                break
-            share = min(len(lru), max(1, -(-excess * len(lru) // total)))
-            self._entries -= len(lru.evict(share))
-            excess -= share
+        for lru in list(self._engines.values()):
+            share = min(len(lru), -(-excess * len(lru) // total))
+            if share:
+                self._entries -= len(lru.evict(share))

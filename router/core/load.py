@@ -66,7 +66,9 @@ class LoadBook:
 
     def total(self, engine: str) -> Load:
         r = self._remote_sum.get(engine, ZERO)
-        return Load(self._requests.get(engine, 0) + r.requests, self._tokens.get(engine, 0) + r.tokens)
+        return Load(
+            self._requests.get(engine, 0) + r.requests, self._tokens.get(engine, 0) + r.tokens
+        )
 
     def report(self, origin: str, loads: Mapping[str, Load]) -> None:
         """Replace peer ``origin``'s figures with its latest report."""

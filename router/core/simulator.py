@@ -1,0 +1,174 @@
+"""Discrete-event replay of a workload through the routing core and a fleet of engine models.
+
+Each policy runs the same requests, at the same arrival times, through ``Router.route`` (the
+decision the gateway makes) into N engines (``engine_model``): a prefix cache of the given
+capacity and an FCFS timing model. A pooled reference runs them into one engine with N times the
+cache, compute and slots: the hit ratio a perfect router over the same hardware could reach.
+
+The router's index is given each engine's true capacity (an operator who set
+``engine_capacity_tokens`` right), and the request's load is released when the engine model
+says it finished. ``decision_us`` is the CPU time of the ``route`` call alone.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from router.core.decision import Decision, Router
+from router.core.engine_model import EngineClock, EngineSpec, PrefixCache
+from router.core.policy import Policy
+from router.core.workload import TraceRequest
+
+POOLED = "pooled-reference"
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """One policy's replay; the field names are the ``--json`` contract."""
+
+    policy: str
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    hit_ratio: float
+    ttft_p50: float
+    ttft_p99: float
+    load_imbalance: float
+    decision_us_p50: float
+    decision_us_p99: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]); 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100.0 * len(ordered)) - 1))
+    return float(ordered[rank])
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """N engines of one spec (``capacity_tokens`` per engine) and the replay speed-up."""
+
+    workers: int
+    spec: EngineSpec
+    speedup: float = 1.0
+
+
+class _Engine:
+    __slots__ = ("cache", "clock")
+
+    def __init__(self, spec: EngineSpec, block_tokens: int) -> None:
+        self.cache = PrefixCache(spec.capacity_tokens, block_tokens)
+        self.clock = EngineClock(spec)
+
+
+def _block_tokens(trace: Sequence[TraceRequest]) -> int:
+    return trace[0].engine_block_tokens if trace else 16
+
+
+def _summarise(
+    name: str,
+    engines: Sequence[_Engine],
+    prompt: int,
+    cached: int,
+    ttfts: list[float],
+    decision_ns: list[int],
+) -> SimResult:
+    busy = [e.clock.busy_seconds for e in engines]
+    mean = sum(busy) / len(busy) if busy else 0.0
+    return SimResult(
+        policy=name,
+        requests=len(ttfts),
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        hit_ratio=cached / prompt if prompt else 0.0,
+        ttft_p50=percentile(ttfts, 50),
+        ttft_p99=percentile(ttfts, 99),
+        load_imbalance=max(busy) / mean if mean > 0 else 1.0,
+        decision_us_p50=percentile(decision_ns, 50) / 1000.0,
+        decision_us_p99=percentile(decision_ns, 99) / 1000.0,
+    )
+
+
+def simulate_policy(
+    policy: Policy,
+    trace: Sequence[TraceRequest],
+    fleet: Fleet,
+    progress: Progress | None = None,
+) -> SimResult:
+    """Replay ``trace`` through ``policy`` on ``fleet``."""
+    names = [f"engine-{i}" for i in range(fleet.workers)]
+    router = Router(policy)
+    router.set_engines(dict.fromkeys(names, 1))
+    for name in names:
+        router.index.add_engine(name, max(1, fleet.spec.capacity_tokens // policy.block_tokens))
+    bt = _block_tokens(trace)
+    engines = {name: _Engine(fleet.spec, bt) for name in names}
+    running: list[tuple[float, int, Decision]] = []
+    ttfts: list[float] = []
+    decision_ns: list[int] = []
+    prompt = cached = 0
+    clock = time.thread_time_ns
+    for i, req in enumerate(trace):
+        now = req.timestamp / fleet.speedup
+        while running and running[0][0] <= now:
+            router.finish(heapq.heappop(running)[2])
+        body = req.request_body()
+        t0 = clock()
+        d = router.route(body, names, now, session=req.session, prompt_tokens=req.prompt_tokens)
+        decision_ns.append(clock() - t0)
+        assert d.engine is not None  # every engine is a candidate
+        engine = engines[d.engine]
+        hit = engine.cache.lookup_and_insert(req.engine_keys, req.prompt_tokens, now)
+        sched = engine.clock.admit(now, req.prompt_tokens - hit, req.output_tokens)
+        heapq.heappush(running, (sched.done, i, d))
+        ttfts.append(sched.ttft)
+        prompt += req.prompt_tokens
+        cached += hit
+        if progress is not None and i % 256 == 0:
+            progress(policy.name, i, len(trace))
+    if progress is not None:
+        progress(policy.name, len(trace), len(trace))
+    return _summarise(policy.name, list(engines.values()), prompt, cached, ttfts, decision_ns)
+
+
+def simulate_pooled(
+    trace: Sequence[TraceRequest], fleet: Fleet, progress: Progress | None = None
+) -> SimResult:
+    """Replay ``trace`` on one engine with the whole fleet's cache, compute and slots."""
+    engine = _Engine(fleet.spec.pooled(fleet.workers), _block_tokens(trace))
+    ttfts: list[float] = []
+    prompt = cached = 0
+    for i, req in enumerate(trace):
+        now = req.timestamp / fleet.speedup
+        hit = engine.cache.lookup_and_insert(req.engine_keys, req.prompt_tokens, now)
+        ttfts.append(engine.clock.admit(now, req.prompt_tokens - hit, req.output_tokens).ttft)
+        prompt += req.prompt_tokens
+        cached += hit
+        if progress is not None and i % 1024 == 0:
+            progress(POOLED, i, len(trace))
+    return _summarise(POOLED, [engine], prompt, cached, ttfts, [])
+
+
+def simulate(
+    policies: Sequence[Policy],
+    trace: Sequence[TraceRequest],
+    fleet: Fleet,
+    progress: Progress | None = None,
+) -> list[SimResult]:
+    """One result per policy, then the pooled reference."""
+    results = [simulate_policy(p, trace, fleet, progress) for p in policies]
+    results.append(simulate_pooled(trace, fleet, progress))
+    return results

@@ -1,0 +1,135 @@
+"""Policy files: presets load, and every mistake is reported with file, field and reason."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from router.core.policy import SCORER_TYPES, PolicyError, load_policy, load_policy_text
+from router.core.scoring import SCORERS
+from router.presets import NAMES, preset_path
+from tests.support import ROOT
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_policy_preset_loads_with_its_name(name: str) -> None:
+    assert load_policy(preset_path(name)).name == name
+
+
+def test_policy_presets_are_all_files_in_policies_dir() -> None:
+    assert sorted(p.stem for p in (ROOT / "policies").glob("*.yaml")) == sorted(NAMES)
+
+
+def test_policy_scorer_types_match_registry() -> None:
+    assert set(SCORER_TYPES) == set(SCORERS)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param(
+            "name: x\nbogus: 1\nscorers: [{type: load, weight: 1}]",
+            "bogus: unknown field",
+            id="unknown-top-field",
+        ),
+        pytest.param("scorers: [{type: load, weight: 1}]", "name: is required", id="missing-name"),
+        pytest.param(
+            "name: x\nscorers: [{type: load, weight: high}]",
+            "scorers[0].weight: must be a number",
+            id="weight-not-number",
+        ),
+        pytest.param(
+            "name: x\nscorers: [{type: load}]",
+            "scorers[0].weight: is required",
+            id="scorer-without-weight",
+        ),
+        pytest.param(
+            "name: x\nscorers: [{type: magic, weight: 1}]",
+            "scorers[0].type: must be one of",
+            id="unknown-scorer",
+        ),
+        pytest.param(
+            "name: x\nscorers: [{type: load, weight: 1, colour: red}]",
+            "scorers[0].colour: unknown field",
+            id="unknown-scorer-field",
+        ),
+        pytest.param(
+            "name: x\nscorers: [{type: load, weight: 1, metric: watts}]",
+            "scorers[0].metric: must be one of",
+            id="bad-metric",
+        ),
+        pytest.param(
+            "name: x\nblock_chars: 3\npicker: round-robin",
+            "block_chars: must be an integer from 16",
+            id="block-too-small",
+        ),
+        pytest.param(
+            "name: x\nblock_chars: true\npicker: round-robin",
+            "block_chars: must be an integer",
+            id="bool-is-not-int",
+        ),
+        pytest.param(
+            "name: x\npicker: max-score",
+            "scorers: picker max-score needs at least one scorer",
+            id="no-scorers",
+        ),
+        pytest.param(
+            "name: x\npicker: ring\nscorers: [{type: load, weight: 1}]",
+            "picker ring ignores scorers",
+            id="ring-with-scorers",
+        ),
+        pytest.param(
+            "name: x\nscorers: [{type: load, weight: 0}]",
+            "at least one scorer needs a weight",
+            id="all-zero-weights",
+        ),
+        pytest.param(
+            "name: x\nscorers: [{type: load, weight: 1}, {type: load, weight: 2}]",
+            "scorers[1].type: 'load' is given twice",
+            id="duplicate-scorer",
+        ),
+        pytest.param(
+            "name: x\nfilters: [{type: bounded-load, epsilon: -1}]\npicker: ring",
+            "filters[0].epsilon",
+            id="negative-epsilon",
+        ),
+        pytest.param(
+            "name: x\nindex: {ttl_seconds: forever}\npicker: ring",
+            "index.ttl_seconds",
+            id="bad-ttl",
+        ),
+        pytest.param("- a\n- b", "(top level): must be a mapping", id="not-a-mapping"),
+        pytest.param("name: [unclosed", "line 1, column", id="invalid-yaml"),
+    ],
+)
+def test_policy_bad_file_error_names_file_field_reason(text: str, message: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        load_policy_text(text, "policies/x.yaml")
+    assert str(err.value).startswith("policies/x.yaml: ")
+    assert message in str(err.value)
+
+
+def test_policy_defaults_fill_missing_fields() -> None:
+    p = load_policy_text("name: x\nscorers: [{type: prefix-overlap, weight: 1}]", "x")
+    assert p.block_chars == 256 and p.bounded_load is None and p.cold_prefix == "ring"
+
+
+def test_policy_missing_file_is_policy_error(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="cannot read"):
+        load_policy(tmp_path / "nope.yaml")
+
+
+def test_policy_check_cli_exit_codes(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nscorers: [{type: load, weight: high}]\n")
+    cmd = [sys.executable, "-m", "router.cli", "policy", "check"]
+    ok = subprocess.run(
+        [*cmd, str(preset_path("kv-aware"))], capture_output=True, text=True, cwd=ROOT
+    )
+    assert ok.returncode == 0 and "ok:" in ok.stdout
+    res = subprocess.run([*cmd, str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 1
+    assert f"{bad}: scorers[0].weight: must be a number" in res.stderr

@@ -1,0 +1,81 @@
+"""Consistent hashing with bounded loads."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from router.core.ring import BoundedLoadRing, load_cap
+
+
+def ring_of(n: int) -> BoundedLoadRing:
+    r = BoundedLoadRing()
+    r.set_engines({f"e{i}": 1 for i in range(n)})
+    return r
+
+
+def test_ring_walk_visits_every_engine_once() -> None:
+    r = ring_of(7)
+    walk = list(r.walk(12345))
+    assert sorted(walk) == sorted(f"e{i}" for i in range(7))
+
+
+@pytest.mark.parametrize("n", [4, 8, 16])
+def test_ring_adding_one_engine_moves_about_one_nth_of_keys(n: int) -> None:
+    rng = random.Random(n)
+    keys = [rng.getrandbits(64) for _ in range(20_000)]
+    before = ring_of(n)
+    after = ring_of(n + 1)
+    moved = sum(before.home(k) != after.home(k) for k in keys) / len(keys)
+    expected = 1 / (n + 1)
+    assert expected * 0.6 < moved < expected * 1.5
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_ring_removing_one_engine_moves_only_its_keys(n: int) -> None:
+    rng = random.Random(n)
+    keys = [rng.getrandbits(64) for _ in range(10_000)]
+    full = ring_of(n)
+    smaller = ring_of(n)
+    smaller.set_engines({f"e{i}": 1 for i in range(n - 1)})
+    for k in keys:
+        if full.home(k) != f"e{n - 1}":
+            assert smaller.home(k) == full.home(k)
+
+
+def test_ring_hot_key_never_exceeds_cap() -> None:
+    # Adversarial stream: every request has the same key; the walk must spill past full engines.
+    n, eps = 8, 0.25
+    r = ring_of(n)
+    loads = dict.fromkeys(r.engines, 0)
+    for _ in range(400):
+        cap = load_cap(sum(loads.values()), n, eps)
+        def under_cap(e: str, cap: float = cap) -> bool:
+            return loads[e] + 1 <= cap
+
+        home = r.home(42, under_cap)
+        assert home is not None
+        loads[home] += 1
+        assert max(loads.values()) <= cap
+    assert max(loads.values()) <= load_cap(400 - 1, n, eps)
+
+
+def test_ring_weights_skew_share() -> None:
+    r = BoundedLoadRing()
+    r.set_engines({"big": 3, "small": 1})
+    rng = random.Random(3)
+    keys = [rng.getrandbits(64) for _ in range(8000)]
+    big = sum(r.home(k) == "big" for k in keys) / len(keys)
+    assert 0.65 < big < 0.85
+
+
+def test_ring_empty_has_no_home() -> None:
+    assert BoundedLoadRing().home(1) is None
+
+
+def test_load_cap_least_loaded_always_admissible() -> None:
+    for total in range(0, 50):
+        for n in (1, 2, 3, 8):
+            cap = load_cap(total, n, 0.0)
+            assert total // n + 1 <= cap
