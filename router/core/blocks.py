@@ -191,8 +191,14 @@ def block_keys(rt: RoutingText, block_chars: int) -> list[int]:
 
 
 def _chain(data: bytes, size: int, seed: int) -> list[int]:
-    view = memoryview(data)
-    return chain_keys((view[i : i + size] for i in range(0, len(data) - size + 1, size)), seed)
+    # The hot loop of every decision: slicing bytes and one C call per block, no generator.
+    keys: list[int] = []
+    append = keys.append
+    h = seed
+    for start in range(0, len(data) - size + 1, size):
+        h = _xxh3(data[start : start + size], h)
+        append(h)
+    return keys
 
 
 def chain_keys(chunks: Iterable[bytes | memoryview], seed: int) -> list[int]:

@@ -262,7 +262,8 @@ class Router:
         totals = [0.0] * len(cands)
         for s in p.scorers:
             w = s.weight
-            totals = [t + w * v for t, v in zip(totals, scores[s.type], strict=True)]
+            if w:
+                totals = [t + w * v for t, v in zip(totals, scores[s.type], strict=True)]
         d = Decision(None, "no-candidates", keys, prompt_tokens, x, eligible, scores, totals)
         if not cands:
             return d

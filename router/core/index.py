@@ -163,9 +163,10 @@ class BlockIndex:
         first = keys[0]
         known = self._engines
         out: dict[str, int] = {}
+        # Most engines do not hold the first block: one dict probe each rules them out.
         for e in engines:
             lru = known.get(e)
-            if lru is not None and first in lru:
+            if lru is not None and first in lru.table:
                 n = lru.leading(keys if isinstance(keys, list) else list(keys), now)
                 if n:
                     out[e] = n
@@ -216,3 +217,32 @@ class BlockIndex:
             share = min(len(lru), -(-excess * len(lru) // total))
             if share:
                 self._entries -= len(lru.evict(share))
+
+    # -- snapshots (gossip catch-up) ---------------------------------------------------------
+
+    def export_keys(self, engine: str) -> list[int]:
+        """``engine``'s keys, least recently used first (a copy; empty when unknown)."""
+        lru = self._engines.get(engine)
+        return list(lru) if lru is not None else []
+
+    def restore_keys(self, engine: str, keys: Sequence[int], now: float) -> None:
+        """Merge a peer's copy of ``engine``'s keys (least recently used first)."""
+        lru = self._lru(engine)
+        before = len(lru)
+        lru.touch(keys, now)
+        self._entries += len(lru) - before
+        if self._entries > self.limits.max_entries:
+            self._shrink()
+
+    def mark_seen(self, origin: str, seq: int) -> None:
+        """Count every delta of ``origin`` up to ``seq`` as applied (a snapshot held them)."""
+        window = self._seen.get(origin)
+        if window is None:
+            window = self._seen[origin] = SeqWindow()
+        if seq <= window.floor:
+            return
+        window.floor = seq
+        window.above = {s for s in window.above if s > seq}
+        while window.floor + 1 in window.above:
+            window.floor += 1
+            window.above.discard(window.floor)

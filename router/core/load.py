@@ -57,11 +57,15 @@ class LoadBook:
     def requests(self, engines: Iterable[str]) -> list[int]:
         """Fleet-wide in-flight requests for each of ``engines``, in order."""
         loc, rem = self._requests, self._remote_sum
+        if not rem:
+            return [loc.get(e, 0) for e in engines]
         return [loc.get(e, 0) + rem.get(e, ZERO).requests for e in engines]
 
     def tokens(self, engines: Iterable[str]) -> list[int]:
         """Fleet-wide in-flight prompt tokens for each of ``engines``, in order."""
         loc, rem = self._tokens, self._remote_sum
+        if not rem:
+            return [loc.get(e, 0) for e in engines]
         return [loc.get(e, 0) + rem.get(e, ZERO).tokens for e in engines]
 
     def total(self, engine: str) -> Load:

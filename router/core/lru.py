@@ -45,6 +45,11 @@ class LruKeys:
     def __contains__(self, key: object) -> bool:
         return key in self._keys
 
+    @property
+    def table(self) -> dict[int, float]:
+        """The key -> last-touch mapping itself, for membership tests on hot paths (read-only)."""
+        return self._keys
+
     def touch(self, keys: Iterable[int], now: float) -> list[int]:
         """Insert or refresh ``keys`` (the last one ends most recent); return the evicted keys."""
         d = self._keys

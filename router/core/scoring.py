@@ -64,7 +64,10 @@ def prefill_cost(_s: Scorer, x: Inputs) -> list[float]:
     engine's in-flight uncached prompt tokens, so a cache hit on a busy engine wins only while
     the tokens it saves exceed the tokens waiting ahead of it.
     """
-    costs = [q + x.uncached(i) for i, q in enumerate(x.tokens)]
+    pt, bt = x.prompt_tokens, x.block_tokens
+    costs = [
+        q + (pt - o * bt if o * bt < pt else 0) for q, o in zip(x.tokens, x.overlaps, strict=True)
+    ]
     top = max(costs, default=0)
     if top <= 0:
         return [1.0] * len(costs)

@@ -1,0 +1,64 @@
+# kvrouter image: `kvrouter serve` on a slim Python, as a non-root user.
+#
+# Two stages. The builder has pip, the build back end and grpcio-tools; it generates the gossip
+# protocol code from proto/ and installs kvrouter with its dependencies into /opt/kvrouter (a
+# virtualenv). The final stage is a fresh python:3.11-slim that receives only that virtualenv:
+# no compilers, no grpcio-tools, no source tree.
+#
+#   docker build -t kvrouter:0.1.0 .
+#   docker run --rm -p 8000:8000 kvrouter:0.1.0 serve --backend http://host.docker.internal:8001
+
+FROM python:3.11-slim AS builder
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+
+# Build-time tools live in their own environment so that none of them reach the image.
+RUN python -m venv /opt/build-tools \
+ && /opt/build-tools/bin/pip install "grpcio-tools>=1.60"
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY proto/ proto/
+COPY router/ router/
+
+# Generated protobuf and gRPC modules (router/gossip/pb/) are build output, never committed:
+# make them here, before the package is installed, so that the install includes them.
+RUN /opt/build-tools/bin/python -m router.protogen \
+ && test -f router/gossip/pb/__init__.py
+
+# Only prebuilt wheels for the dependencies: a dependency that would need a compiler fails the
+# build here rather than dragging build tools into an image.
+RUN python -m venv /opt/kvrouter \
+ && /opt/kvrouter/bin/pip install --only-binary=:all: --no-binary=kvrouter . \
+ && /opt/kvrouter/bin/kvrouter --help > /dev/null
+
+
+FROM python:3.11-slim
+
+LABEL org.opencontainers.image.title="kvrouter" \
+      org.opencontainers.image.description="KV-cache-aware request router for LLM inference fleets" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+ENV PATH=/opt/kvrouter/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+
+# uid/gid 10001: above any system range, and what the Helm chart's securityContext expects.
+RUN groupadd --system --gid 10001 kvrouter \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin kvrouter
+
+COPY --from=builder /opt/kvrouter /opt/kvrouter
+
+USER 10001:10001
+WORKDIR /tmp
+
+# The chart runs `kvrouter serve --config /etc/kvrouter/config/config.yaml`; without arguments
+# the image runs plain `kvrouter serve`.
+# 8000: OpenAI-compatible API, /health, /ready, /metrics. 7946: gossip (gRPC).
+EXPOSE 8000 7946
+
+ENTRYPOINT ["kvrouter"]
+CMD ["serve"]

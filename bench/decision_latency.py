@@ -1,0 +1,74 @@
+"""Decision time: block keys + index lookup + scoring + recording, per prompt size and fleet.
+
+The index is first warmed with unrelated prompts on every engine, and each measured prompt
+shares its first half with an earlier one, so the lookup walks real overlaps. Times are CPU
+time of the calling thread (``time.thread_time_ns``), the figure least disturbed by other
+work on a shared machine.
+
+    python -m bench.decision_latency [--engines 8 64 256] [--tokens 1024 8192 32768 131072]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from router.core.decision import Router
+from router.core.policy import load_policy
+from router.core.simulator import percentile
+from router.presets import preset_path
+
+CHARS_PER_TOKEN = 4
+
+
+def words(rng: random.Random, chars: int) -> str:
+    out = []
+    n = 0
+    while n < chars:
+        w = f"w{rng.getrandbits(20):x} "
+        out.append(w)
+        n += len(w)
+    return "".join(out)[:chars]
+
+
+def measure(engines: int, tokens: int, samples: int) -> tuple[float, float]:
+    rng = random.Random(engines * 7 + tokens)
+    router = Router(load_policy(preset_path("kv-aware")))
+    names = [f"http://engine-{i}:8000" for i in range(engines)]
+    router.set_engines(dict.fromkeys(names, 1))
+    chars = tokens * CHARS_PER_TOKEN
+    prefixes = [words(rng, chars // 2) for _ in range(8)]
+    for i in range(min(engines, 64)):  # warm: every engine holds something
+        d = router.route({"model": "m", "prompt": words(rng, 2048)}, names, now=float(i))
+        router.finish(d)
+    bodies = [
+        {"model": "m", "prompt": rng.choice(prefixes) + words(rng, chars - chars // 2)}
+        for _ in range(samples)
+    ]
+    clock = time.thread_time_ns
+    times = []
+    for i, body in enumerate(bodies):
+        t0 = clock()
+        d = router.route(body, names, now=100.0 + i)
+        times.append(clock() - t0)
+        router.finish(d)
+    return percentile(times, 50) / 1000, percentile(times, 99) / 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engines", type=int, nargs="+", default=[8, 64, 256])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1024, 8192, 32768, 131072])
+    ap.add_argument("--samples", type=int, default=300)
+    args = ap.parse_args()
+    print("| prompt tokens | engines | decision p50 | decision p99 |")
+    print("|---|---|---|---|")
+    for tokens in args.tokens:
+        for engines in args.engines:
+            p50, p99 = measure(engines, tokens, args.samples)
+            print(f"| {tokens:,} | {engines} | {p50:.0f} us | {p99:.0f} us |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
