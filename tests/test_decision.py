@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from router.core.decision import Router
-from router.core.policy import load_policy, load_policy_text
+from router.core.policy import Scorer, load_policy, load_policy_text
+from router.core.scoring import SCORERS, Inputs
 from router.presets import preset_path
 
 ENGINES = ["a", "b", "c", "d"]
@@ -129,7 +132,7 @@ def test_decide_pure_changes_nothing() -> None:
 def test_set_policy_new_block_size_resets_index_but_keeps_engines() -> None:
     r = router(KV)
     r.route(body(LONG), ENGINES, now=0.0)
-    r.set_policy(load_policy_text("name: t\nblock_chars: 512\n" + KV, "t"))
+    r.set_policy(load_policy_text("name: t\nblock_chars: 1024\n" + KV, "t"))
     assert len(r.index) == 0 and set(r.index.engines) == set(ENGINES)
 
 
@@ -142,3 +145,26 @@ def test_presets_route_and_release(name: str) -> None:
     for d in ds:
         r.finish(d)
     assert r.loads.local_all() == {}
+
+
+@given(
+    n=st.integers(1, 12),
+    data=st.data(),
+)
+def test_scorers_stay_in_unit_interval(n: int, data: st.DataObject) -> None:
+    blocks = data.draw(st.integers(0, 50))
+    x = Inputs(
+        candidates=[f"e{i}" for i in range(n)],
+        blocks=blocks,
+        overlaps=data.draw(st.lists(st.integers(0, blocks), min_size=n, max_size=n)),
+        requests=data.draw(st.lists(st.integers(0, 10**6), min_size=n, max_size=n)),
+        tokens=data.draw(st.lists(st.integers(0, 10**9), min_size=n, max_size=n)),
+        session_engine=data.draw(st.sampled_from([None, "e0", "x"])),
+        prompt_tokens=data.draw(st.integers(0, 10**6)),
+        block_tokens=data.draw(st.integers(1, 1024)),
+    )
+    for name, fn in SCORERS.items():
+        for metric in ("requests", "tokens"):
+            scores = fn(Scorer(name, 1.0, metric=metric), x)  # type: ignore[arg-type]
+            assert len(scores) == n
+            assert all(0.0 <= v <= 1.0 for v in scores), (name, scores)

@@ -23,7 +23,7 @@ def test_lru_touch_over_capacity_evicts_least_recent() -> None:
 
 def test_lru_leading_stops_at_first_missing() -> None:
     lru = LruKeys(10)
-    lru.touch([1, 2, 4], now=0.0)
+    lru.touch([2, 1], now=0.0)  # chains are touched deepest block first
     assert lru.leading([1, 2, 3, 4]) == 2
     assert lru.leading([9, 1]) == 0
 
@@ -54,7 +54,7 @@ def test_index_overlaps_counts_leading_blocks_per_engine() -> None:
     idx.record("e1", [1, 2, 3], now=0.0)
     idx.record("e2", [1, 2], now=0.0)
     idx.record("e3", [7], now=0.0)
-    assert idx.overlaps([1, 2, 3, 4], ["e1", "e2", "e3", "unknown"]) == {"e1": 3, "e2": 2}
+    assert idx.overlaps([1, 2, 3, 4], ["e1", "e2", "e3", "unknown"]) == [3, 2, 0, 0]
 
 
 def test_index_capacity_forgets_tail_before_head() -> None:
@@ -64,7 +64,7 @@ def test_index_capacity_forgets_tail_before_head() -> None:
     idx.record("e", chain, now=0.0)
     idx.record("e", [10_000 + i for i in range(cap // 2)], now=1.0)
     # The head of the old chain was touched last within it, so it survives longest.
-    assert idx.overlaps(chain, ["e"]).get("e", 0) > 0
+    assert idx.overlaps(chain, ["e"])[0] > 0
     assert len(idx) <= cap
 
 
@@ -80,7 +80,7 @@ def test_index_drop_engine_forgets_its_entries() -> None:
     idx = index()
     idx.record("e1", [1, 2], now=0.0)
     idx.drop_engine("e1")
-    assert len(idx) == 0 and idx.overlaps([1], ["e1"]) == {}
+    assert len(idx) == 0 and idx.overlaps([1], ["e1"]) == [0]
 
 
 def test_index_apply_duplicate_delta_is_ignored() -> None:
@@ -88,14 +88,14 @@ def test_index_apply_duplicate_delta_is_ignored() -> None:
     d = src.record("e", [1, 2], now=0.0)
     assert dst.apply(d, now=0.0) is True
     assert dst.apply(d, now=0.0) is False
-    assert dst.overlaps([1, 2], ["e"]) == {"e": 2}
+    assert dst.overlaps([1, 2], ["e"]) == [2]
 
 
 def test_index_apply_remove_and_clear() -> None:
     dst = index(origin="b")
     dst.apply(Delta("a", 1, "e", added=(1, 2, 3)), now=0.0)
     dst.apply(Delta("a", 2, "e", removed=(2,)), now=0.0)
-    assert dst.overlaps([1, 2, 3], ["e"]) == {"e": 1}
+    assert dst.overlaps([1, 2, 3], ["e"]) == [1]
     dst.apply(Delta("a", 3, "e", cleared=True), now=0.0)
     assert len(dst) == 0
 
@@ -141,3 +141,15 @@ def test_index_memory_per_entry_is_bounded() -> None:
     finally:
         tracemalloc.stop()
     assert used / len(idx) < 160
+
+
+@given(held=st.integers(0, 300), total=st.integers(0, 300), ttl=st.sampled_from([None, 10.0]))
+def test_lru_leading_galloping_matches_walk(held: int, total: int, ttl: float | None) -> None:
+    keys = list(range(1, total + 1))
+    lru = LruKeys(1000, ttl=ttl)
+    lru.touch(keys[:held][::-1], now=5.0)
+    expected = min(held, total)
+    assert lru.leading(keys) == expected
+    assert lru.leading(keys, now=6.0) == expected
+    if ttl is not None:
+        assert lru.leading(keys, now=100.0) == 0

@@ -114,7 +114,7 @@ def test_policy_bad_file_error_names_file_field_reason(text: str, message: str) 
 
 def test_policy_defaults_fill_missing_fields() -> None:
     p = load_policy_text("name: x\nscorers: [{type: prefix-overlap, weight: 1}]", "x")
-    assert p.block_chars == 256 and p.bounded_load is None and p.cold_prefix == "ring"
+    assert p.block_chars == 512 and p.bounded_load is None and p.cold_prefix == "ring"
 
 
 def test_policy_missing_file_is_policy_error(tmp_path: Path) -> None:
@@ -133,3 +133,10 @@ def test_policy_check_cli_exit_codes(tmp_path: Path) -> None:
     res = subprocess.run([*cmd, str(bad)], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 1
     assert f"{bad}: scorers[0].weight: must be a number" in res.stderr
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_policy_chart_copy_equals_preset(name: str) -> None:
+    # Helm can only package files inside the chart, so it carries copies of the presets.
+    chart_copy = ROOT / "helm" / "kvrouter" / "policies" / f"{name}.yaml"
+    assert chart_copy.read_text() == preset_path(name).read_text()

@@ -27,7 +27,7 @@ from router.core.index import BlockIndex, Delta, IndexLimits
 from router.core.load import LoadBook
 from router.core.policy import Policy
 from router.core.ring import BoundedLoadRing, load_cap
-from router.core.scoring import SCORERS, Inputs, clamp
+from router.core.scoring import SCORERS, Inputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,11 +246,10 @@ class Router:
         """The pure decision over the current state; changes nothing but round-robin's turn."""
         p = self.policy
         cands = list(dict.fromkeys(candidates))
-        held = self.index.overlaps(keys, cands, now)
         x = Inputs(
             candidates=cands,
             blocks=len(keys),
-            overlaps=[held.get(e, 0) for e in cands],
+            overlaps=self.index.overlaps(keys, cands, now),
             requests=self.loads.requests(cands),
             tokens=self.loads.tokens(cands),
             session_engine=self._sessions.get(session) if session is not None else None,
@@ -258,7 +257,7 @@ class Router:
             block_tokens=p.block_tokens,
         )
         eligible = self._eligible(x, prompt_tokens)
-        scores = {s.type: clamp(SCORERS[s.type](s, x)) for s in p.scorers}
+        scores = {s.type: SCORERS[s.type](s, x) for s in p.scorers}
         totals = [0.0] * len(cands)
         for s in p.scorers:
             w = s.weight
@@ -296,9 +295,13 @@ class Router:
 
     @staticmethod
     def _best(x: Inputs, eligible: list[bool], totals: list[float], seed: int) -> str:
-        idx = [i for i, ok in enumerate(eligible) if ok] or list(range(len(x.candidates)))
-        top = max(totals[i] for i in idx)
-        tied = [i for i in idx if totals[i] >= top - 1e-12]
+        if all(eligible):
+            top = max(totals)
+            tied = [i for i, t in enumerate(totals) if t >= top - 1e-12]
+        else:
+            idx = [i for i, ok in enumerate(eligible) if ok] or list(range(len(totals)))
+            top = max([totals[i] for i in idx])
+            tied = [i for i in idx if totals[i] >= top - 1e-12]
         if len(tied) == 1:
             return x.candidates[tied[0]]
         return max((x.candidates[i] for i in tied), key=lambda e: _rendezvous(seed, e))

@@ -78,7 +78,7 @@ class PrefixCache:
         """Cached tokens of a prompt whose full blocks are ``keys``; then cache them all."""
         hit = self._blocks.leading(list(keys)) * self.block_tokens
         # Deepest block first so the head of the prefix is evicted last, as engines do.
-        self._blocks.touch(reversed(keys), now)
+        self._blocks.touch(keys[::-1], now)
         # An engine always computes at least the last prompt token to produce the first output.
         return min(hit, max(0, prompt_tokens - 1))
 

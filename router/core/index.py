@@ -72,6 +72,8 @@ class BlockIndex:
         self.limits = limits
         self.origin = origin
         self._engines: dict[str, LruKeys] = {}
+        # engine -> its key table, for the one membership probe per engine on every decision
+        self._tables: dict[str, dict[int, float]] = {}
         self._capacity_override: dict[str, int] = {}
         self._seq = 0
         self._seen: dict[str, SeqWindow] = {}
@@ -90,7 +92,8 @@ class BlockIndex:
         cap = self._capacity_override.get(engine, self.limits.engine_capacity_blocks)
         lru = self._engines.get(engine)
         if lru is None:
-            self._engines[engine] = LruKeys(cap, self.limits.ttl_seconds)
+            lru = self._engines[engine] = LruKeys(cap, self.limits.ttl_seconds)
+            self._tables[engine] = lru.table
         elif lru.capacity != cap:
             lru.capacity = cap
             if len(lru) > cap:
@@ -99,6 +102,7 @@ class BlockIndex:
     def drop_engine(self, engine: str) -> None:
         """Forget ``engine`` and everything it held."""
         lru = self._engines.pop(engine, None)
+        self._tables.pop(engine, None)
         self._capacity_override.pop(engine, None)
         if lru is not None:
             self._entries -= len(lru)
@@ -155,21 +159,20 @@ class BlockIndex:
     # -- queries -----------------------------------------------------------------------------
 
     def overlaps(
-        self, keys: Sequence[int], engines: Iterable[str], now: float | None = None
-    ) -> dict[str, int]:
-        """Per engine, how many leading blocks of ``keys`` it holds (engines with none omitted)."""
+        self, keys: Sequence[int], engines: Sequence[str], now: float | None = None
+    ) -> list[int]:
+        """For each of ``engines``, in order, how many leading blocks of ``keys`` it holds."""
+        out = [0] * len(engines)
         if not keys:
-            return {}
+            return out
         first = keys[0]
-        known = self._engines
-        out: dict[str, int] = {}
+        tables = self._tables
+        chain = keys if isinstance(keys, list) else list(keys)
         # Most engines do not hold the first block: one dict probe each rules them out.
-        for e in engines:
-            lru = known.get(e)
-            if lru is not None and first in lru.table:
-                n = lru.leading(keys if isinstance(keys, list) else list(keys), now)
-                if n:
-                    out[e] = n
+        for i, e in enumerate(engines):
+            t = tables.get(e)
+            if t is not None and first in t:
+                out[i] = self._engines[e].leading(chain, now)
         return out
 
     def holders(self, key: int) -> list[str]:
@@ -192,7 +195,7 @@ class BlockIndex:
             before = len(lru)
         # Deepest block first, so the leading blocks end most recent: like an engine, the
         # index then forgets the tail of a prefix before its head.
-        lru.touch(reversed(keys), now)
+        lru.touch(keys[::-1], now)
         self._entries += len(lru) - before
         if self._entries > self.limits.max_entries:
             self._shrink()

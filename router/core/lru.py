@@ -13,7 +13,7 @@ skipping those dummies amortised to a few nanoseconds per insert. A plain dict c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 
 # Evict this fraction of capacity at once when full: the set holds between
@@ -50,7 +50,7 @@ class LruKeys:
         """The key -> last-touch mapping itself, for membership tests on hot paths (read-only)."""
         return self._keys
 
-    def touch(self, keys: Iterable[int], now: float) -> list[int]:
+    def touch(self, keys: Sequence[int], now: float) -> list[int]:
         """Insert or refresh ``keys`` (the last one ends most recent); return the evicted keys."""
         d = self._keys
         pop = d.pop
@@ -93,19 +93,37 @@ class LruKeys:
         self._keys.clear()
 
     def leading(self, keys: list[int], now: float | None = None) -> int:
-        """How many of ``keys``, from the first, are held (and fresh when ``now`` is given)."""
+        """How many of ``keys``, from the first, are held (and fresh when ``now`` is given).
+
+        Chains are touched deepest block first, so within a chain the head is always more
+        recent than the tail: eviction and expiry take a chain's tail before its head, and the
+        blocks held form a prefix. That lets a galloping search find the first missing block
+        in O(log n) probes instead of walking the whole shared prefix.
+        """
         d = self._keys
-        n = 0
         if now is None or self.ttl is None:
-            for k in keys:
-                if k not in d:
-                    break
-                n += 1
-            return n
-        horizon = now - self.ttl
-        for k in keys:
-            t = d.get(k)
-            if t is None or t <= horizon:
-                break
-            n += 1
-        return n
+
+            def held(i: int) -> bool:
+                return keys[i] in d
+        else:
+            horizon = now - self.ttl
+
+            def held(i: int) -> bool:
+                t = d.get(keys[i])
+                return t is not None and t > horizon
+
+        n = len(keys)
+        if not n or not held(0):
+            return 0
+        lo, step = 0, 1  # keys[lo] is held
+        while lo + step < n and held(lo + step):
+            lo += step
+            step *= 2
+        hi = min(n, lo + step)  # keys[hi] is missing, or hi == n
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if held(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo + 1

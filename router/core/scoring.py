@@ -1,7 +1,7 @@
 """Scorers, registered by the kebab-case type name a policy uses.
 
-Each scorer maps the candidates to scores in [0, 1] (clamped), one per candidate in order; a
-policy adds them up by weight. Scorers are pure functions of the ``Inputs`` of one decision,
+Each scorer maps the candidates to scores in [0, 1], one per candidate in order, by
+construction (the tests check the range on arbitrary inputs); a policy adds them up by weight. Scorers are pure functions of the ``Inputs`` of one decision,
 except session affinity, which remembers where each session last went (bounded).
 """
 
@@ -80,7 +80,3 @@ SCORERS: dict[str, ScoreFn] = {
     "load": load,
     "session-affinity": session_affinity,
 }
-
-
-def clamp(scores: list[float]) -> list[float]:
-    return [0.0 if v < 0.0 else 1.0 if v > 1.0 else v for v in scores]
