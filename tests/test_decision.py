@@ -165,6 +165,6 @@ def test_scorers_stay_in_unit_interval(n: int, data: st.DataObject) -> None:
     )
     for name, fn in SCORERS.items():
         for metric in ("requests", "tokens"):
-            scores = fn(Scorer(name, 1.0, metric=metric), x)  # type: ignore[arg-type]
+            scores = fn(Scorer(name, 1.0, metric=metric), x)
             assert len(scores) == n
             assert all(0.0 <= v <= 1.0 for v in scores), (name, scores)

@@ -1,8 +1,9 @@
 """Scorers, registered by the kebab-case type name a policy uses.
 
 Each scorer maps the candidates to scores in [0, 1], one per candidate in order, by
-construction (the tests check the range on arbitrary inputs); a policy adds them up by weight. Scorers are pure functions of the ``Inputs`` of one decision,
-except session affinity, which remembers where each session last went (bounded).
+construction (the tests check the range on arbitrary inputs); a policy adds them up by
+weight. Scorers are pure functions of the ``Inputs`` of one decision; where a session went
+last is remembered by the router (bounded) and handed in.
 """
 
 from __future__ import annotations
