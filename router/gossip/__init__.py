@@ -1,0 +1,70 @@
+"""Gossip between router replicas: membership, failure detection, index and load sharing.
+
+Cut like hashicorp/memberlist, one concern per module:
+
+- ``config``: ``GossipConfig`` and the ``LAN`` / ``LOCAL`` tuning presets.
+- ``clock``: injectable time (``SystemClock``; ``ManualClock`` for tests and benches).
+- ``transport``: the ``Transport`` seam and the in-memory network; ``grpc_transport``: gRPC.
+- ``auth``: the shared-secret MAC, the replay window, mutual-TLS credentials.
+- ``membership``: the SWIM member table (no I/O).
+- ``broadcast``: the retransmit-limited rumour queue.
+- ``store``: delta ids, retained delta bodies and load reports held by a node.
+- ``snapshot``: bounded snapshot sessions for catch-up.
+- ``discovery``: seeds and a re-resolved DNS name.
+- ``node``: ``GossipNode``, which ties them together behind ``start``/``stop``.
+- ``delegate``: the application's hooks; ``bridge``: those hooks for BlockIndex and LoadBook.
+- ``stats``: counters and gauges, and their ``kvrouter_gossip_*`` series.
+- ``fleet``: many replicas in one process on a virtual clock, for tests and benches.
+
+The wire protocol is proto/gossip.proto.
+"""
+
+from router.gossip.bridge import IndexBridge, run_origin
+from router.gossip.clock import Clock, ManualClock, SystemClock
+from router.gossip.config import (
+    LAN,
+    LOCAL,
+    PRESETS,
+    SECRET_ENV,
+    ConfigError,
+    GossipConfig,
+    TlsFiles,
+    Tuning,
+    secret_from_env,
+)
+from router.gossip.delegate import Delegate
+from router.gossip.grpc_transport import GrpcTransport, transport_for
+from router.gossip.membership import Member, State
+from router.gossip.node import GossipNode
+from router.gossip.stats import GossipStats, Sample, samples
+from router.gossip.transport import Faults, InMemoryNetwork, Transport, TransportError
+
+__all__ = [
+    "LAN",
+    "LOCAL",
+    "PRESETS",
+    "SECRET_ENV",
+    "Clock",
+    "ConfigError",
+    "Delegate",
+    "Faults",
+    "GossipConfig",
+    "GossipNode",
+    "GossipStats",
+    "GrpcTransport",
+    "InMemoryNetwork",
+    "IndexBridge",
+    "ManualClock",
+    "Member",
+    "Sample",
+    "State",
+    "SystemClock",
+    "TlsFiles",
+    "Transport",
+    "TransportError",
+    "Tuning",
+    "run_origin",
+    "samples",
+    "secret_from_env",
+    "transport_for",
+]
