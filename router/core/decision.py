@@ -20,8 +20,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import xxhash
-
 from router.core.blocks import RoutingText, block_keys, namespace_seed, routing_text
 from router.core.index import BlockIndex, Delta, IndexLimits
 from router.core.load import LoadBook
@@ -117,11 +115,6 @@ class Decision:
                 for v in views
             ],
         }
-
-
-def _rendezvous(seed: int, engine: str) -> int:
-    # Ties between equal scores go to the same engine on every replica (highest random weight).
-    return xxhash.xxh3_64_intdigest(engine.encode(), seed)
 
 
 class Router:
@@ -266,7 +259,10 @@ class Router:
         d = Decision(None, "no-candidates", keys, prompt_tokens, x, eligible, scores, totals)
         if not cands:
             return d
-        ring_key = keys[0] if keys else seed
+        # The ring key is the first block nobody holds: for a cold prefix its first block, for a
+        # shared system prompt the block where this conversation parts from the others (so new
+        # conversations behind one popular prompt spread instead of meeting on one home).
+        ring_key = keys[min(max(x.overlaps, default=0), len(keys) - 1)] if keys else seed
         if p.picker == "round-robin":
             self._rr += 1
             d.engine, d.reason = cands[self._rr % len(cands)], "round-robin"
@@ -293,8 +289,7 @@ class Router:
         cap = max(load_cap(sum(loads), len(loads), b.epsilon, weight), min(loads) + weight)
         return [v + weight <= cap for v in loads]
 
-    @staticmethod
-    def _best(x: Inputs, eligible: list[bool], totals: list[float], seed: int) -> str:
+    def _best(self, x: Inputs, eligible: list[bool], totals: list[float], seed: int) -> str:
         if all(eligible):
             top = max(totals)
             tied = [i for i, t in enumerate(totals) if t >= top - 1e-12]
@@ -304,4 +299,8 @@ class Router:
             tied = [i for i in idx if totals[i] >= top - 1e-12]
         if len(tied) == 1:
             return x.candidates[tied[0]]
-        return max((x.candidates[i] for i in tied), key=lambda e: _rendezvous(seed, e))
+        # Equal scores: the first of them on the ring from the request's key, so every replica
+        # breaks the tie the same way and a new prefix lands on its consistent-hash home.
+        names = {x.candidates[i] for i in tied}
+        home = self.ring.home(seed, names.__contains__)
+        return home if home is not None else min(names)
