@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -34,22 +34,24 @@ from router.sse import Decoder
 LOOPBACK = "127.0.0.1"
 ENGINES = 4
 # Engines fast enough for a demo under two minutes, slow enough that prefill still shows.
+CAPACITY_TOKENS = 24_000
 ENGINE_FLAGS = [
-    "--kv-capacity-tokens", "40000",
-    "--prefill-tokens-per-s", "40000",
+    "--kv-capacity-tokens", str(CAPACITY_TOKENS),
+    "--prefill-tokens-per-s", "20000",
     "--decode-tokens-per-s", "400",
     "--max-batch", "16",
 ]  # fmt: skip
+# Caches hold about a third of the working set, so where a request lands decides its hits.
 WORKLOAD = SyntheticSpec(
-    requests=240,
-    tenants=12,
-    system_prompt_words=600,
-    conversations=48,
-    turn_words=(20, 120),
+    requests=400,
+    tenants=24,
+    system_prompt_words=1200,
+    conversations=96,
+    turn_words=(40, 200),
     answer_words=(8, 24),
     rate_per_s=1000.0,
 )
-CONCURRENCY = 12
+CONCURRENCY = 16
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -185,13 +187,17 @@ async def _drive(
                 return
             await _one(session, url, req, out)
             done += 1
-            if done % 20 == 0 or done == len(trace):
-                print(f"\r  {policy:>12}: {done}/{len(trace)} requests", end="", flush=True)
+            if done % step == 0 or done == len(trace):
+                print(f"{lead}  {policy:>12}: {done}/{len(trace)} requests", end=tail, flush=True)
 
+    # On a terminal one line updates in place; in a log, a line per quarter.
+    tty = sys.stdout.isatty()
+    lead, tail, step = ("\r", "", 20) if tty else ("", "\n", max(1, len(trace) // 4))
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     out.seconds = time.perf_counter() - t0
-    print()
+    if tty:
+        print()
     return out
 
 
@@ -205,6 +211,19 @@ async def _wait_reload(session: aiohttp.ClientSession, url: str, count: int) -> 
                     return
         await asyncio.sleep(0.2)
     raise RuntimeError("the gateway did not pick up the new policy within 20 s")
+
+
+def _install_policy(preset: str, dest: Path) -> None:
+    """Write a preset as the live policy file, told the engines' real cache size (as an
+    operator would set engine_capacity_tokens), through a rename so the watcher never reads
+    half a file."""
+    text = preset_path(preset).read_text()
+    text = text.replace(
+        "engine_capacity_tokens: 1000000", f"engine_capacity_tokens: {CAPACITY_TOKENS}"
+    )
+    tmp = dest.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(dest)
 
 
 def _table(rows: list[PhaseResult]) -> str:
@@ -228,11 +247,11 @@ def _table(rows: list[PhaseResult]) -> str:
 
 
 async def _main(args: argparse.Namespace, workdir: Path) -> list[PhaseResult]:
-    spec = SyntheticSpec(**{**WORKLOAD.__dict__, "requests": args.requests})
+    spec = dataclasses.replace(WORKLOAD, requests=args.requests)
     trace = list(synthetic(spec))
     log = workdir / "demo.log"
     policy_file = workdir / "policy.yaml"
-    shutil.copyfile(preset_path("round-robin"), policy_file)
+    _install_policy("round-robin", policy_file)
     with _processes() as procs:
         print(f"starting {ENGINES} engine-sims and the gateway (logs: {log})")
         engines = [
@@ -253,7 +272,7 @@ async def _main(args: argparse.Namespace, workdir: Path) -> list[PhaseResult]:
             for e in engines:
                 async with session.post(f"{e.url}/reset") as r:
                     r.raise_for_status()
-            shutil.copyfile(preset_path("kv-aware"), policy_file)
+            _install_policy("kv-aware", policy_file)
             await _wait_reload(session, gateway.url, 1)
             results.append(await _drive(session, gateway.url, trace, "kv-aware", args.concurrency))
     return results
