@@ -72,6 +72,9 @@ def wait_http(url: str, timeout: float = 30.0, proc: Proc | None = None) -> None
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
                     return
+        except urllib.error.HTTPError as e:
+            e.close()  # an unclosed error response leaks its socket
+            last = e
         except (urllib.error.URLError, OSError) as e:
             last = e
         time.sleep(0.05)

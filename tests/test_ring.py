@@ -51,6 +51,7 @@ def test_ring_hot_key_never_exceeds_cap() -> None:
     loads = dict.fromkeys(r.engines, 0)
     for _ in range(400):
         cap = load_cap(sum(loads.values()), n, eps)
+
         def under_cap(e: str, cap: float = cap) -> bool:
             return loads[e] + 1 <= cap
 

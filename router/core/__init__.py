@@ -8,6 +8,7 @@ Modules, from the request inwards:
 - ``index``: which engine holds which block keys, expressed as mergeable deltas.
 - ``ring``: consistent hashing with bounded loads, for prefixes nobody holds yet.
 - ``load``: in-flight requests and prompt tokens per engine, local and reported by peers.
+- ``fields``: the strict field-by-field reader behind policy and config loading.
 - ``policy``: the YAML policy model with strict loading.
 - ``scoring``: filters, scorers and pickers, registered by kebab-case type name.
 - ``decision``: the one decision function the gateway and the simulator both call.

@@ -1,0 +1,169 @@
+"""The gateway's Prometheus metrics, in a registry the app owns.
+
+Names are a contract with the Grafana dashboard. Events (requests, retries, reloads, token
+counts) are counters and histograms updated as they happen; state (in-flight load, health,
+index size, gossip peers) is read at scrape time by a collector, so it can never drift from
+the router's own figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from router.core.load import Load
+
+# Generation requests run from milliseconds (embeddings, cache hits) to minutes.
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# A routing decision should take microseconds; the upper buckets catch pathological prompts.
+DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1)
+RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """What the scrape-time collector reads: callables over the live gateway state."""
+
+    backends: Callable[[], Iterable[tuple[str, bool]]]  # (url, healthy) of known engines
+    local_load: Callable[[str], Load]
+    index_entries: Callable[[], int]
+    # Peers by state; gossip plugs its own in (until then there are none).
+    gossip_peers: Callable[[], Mapping[str, int]] = lambda: {"alive": 0}
+
+
+class _FleetCollector(Collector):
+    def __init__(self, view: FleetView) -> None:
+        self._view = view
+
+    def describe(self) -> Iterable[Metric]:
+        # Names without samples, so registering does not read state that is not built yet.
+        return self._families(FleetView(lambda: (), lambda _e: Load(), lambda: 0, dict))
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families(self._view)
+
+    @staticmethod
+    def _families(v: FleetView) -> list[Metric]:
+        reqs = GaugeMetricFamily(
+            "kvrouter_backend_inflight_requests",
+            "Requests this router has in flight on each backend.",
+            labels=["backend"],
+        )
+        toks = GaugeMetricFamily(
+            "kvrouter_backend_inflight_tokens",
+            "Prompt tokens (not believed cached) this router has in flight on each backend.",
+            labels=["backend"],
+        )
+        healthy = GaugeMetricFamily(
+            "kvrouter_backend_healthy",
+            "1 when the backend is a routing candidate, 0 when pending or ejected.",
+            labels=["backend"],
+        )
+        for url, ok in v.backends():
+            load = v.local_load(url)
+            reqs.add_metric([url], load.requests)
+            toks.add_metric([url], load.tokens)
+            healthy.add_metric([url], 1 if ok else 0)
+        blocks = GaugeMetricFamily(
+            "kvrouter_index_blocks",
+            "(block, backend) entries in the router's prefix index.",
+            value=v.index_entries(),
+        )
+        peers = GaugeMetricFamily(
+            "kvrouter_gossip_peers", "Gossip peers by membership state.", labels=["state"]
+        )
+        for state, n in sorted(v.gossip_peers().items()):
+            peers.add_metric([state], n)
+        return [reqs, toks, healthy, blocks, peers]
+
+
+class Metrics:
+    """Every metric the gateway exports, registered in its own ``registry``."""
+
+    def __init__(self, view: FleetView) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "kvrouter_requests",
+            "Requests answered, by route and HTTP status (499: the client went away).",
+            ["route", "code"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "kvrouter_request_duration_seconds",
+            "Time from a request's arrival to the end of its response, at the router.",
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "kvrouter_ttft_seconds",
+            "Time from a streamed request's arrival to its first body byte sent, at the router.",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.decision = Histogram(
+            "kvrouter_routing_decision_seconds",
+            "Time to choose a backend (block keys, index lookup, scoring).",
+            buckets=DECISION_BUCKETS,
+            registry=r,
+        )
+        self.overlap = Histogram(
+            "kvrouter_prefix_overlap_ratio",
+            "Share of a request's blocks the chosen backend was believed to hold.",
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+        self.backend_requests = Counter(
+            "kvrouter_backend_requests",
+            "Attempts sent to each backend, by its status (or error, timeout).",
+            ["backend", "code"],
+            registry=r,
+        )
+        self.cached_tokens = Counter(
+            "kvrouter_cached_tokens",
+            "Prompt tokens the backends reported as served from their prefix cache.",
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "kvrouter_prompt_tokens",
+            "Prompt tokens the backends reported (with cached tokens: the real hit ratio).",
+            registry=r,
+        )
+        self.reloads = Counter(
+            "kvrouter_policy_reloads",
+            "Policy file reloads, by result (error: rejected, the old policy stayed).",
+            ["result"],
+            registry=r,
+        )
+        for result in ("success", "error"):
+            self.reloads.labels(result)
+        self.retries = Counter(
+            "kvrouter_retries",
+            "Attempts retried on another backend after a failure before the first byte.",
+            registry=r,
+        )
+        r.register(_FleetCollector(view))
+        self._codes: dict[str, set[str]] = {}
+
+    def backend_request(self, backend: str, code: str) -> None:
+        self._codes.setdefault(backend, set()).add(code)
+        self.backend_requests.labels(backend, code).inc()
+
+    def forget_backends(self, keep: Iterable[str]) -> None:
+        """Drop the per-backend series of backends that are gone (DNS churn stays bounded)."""
+        keep = set(keep)
+        for backend in [b for b in self._codes if b not in keep]:
+            for code in self._codes.pop(backend):
+                self.backend_requests.remove(backend, code)
+
+    def usage(self, prompt: int, cached: int) -> None:
+        self.prompt_tokens.inc(prompt)
+        self.cached_tokens.inc(cached)
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return generate_latest(self.registry)

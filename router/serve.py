@@ -1,0 +1,156 @@
+"""``kvrouter serve``: the gateway in front of OpenAI-compatible engines.
+
+Configuration comes from an optional YAML file (``--config``, see ``router.config``) and flags;
+a flag replaces the file's value. It listens on 0.0.0.0:8000 by default (what a server in a
+pod needs; pass ``--host 127.0.0.1`` to keep it on this machine). SIGTERM and SIGINT stop it
+gracefully (``/ready`` turns 503, in-flight requests get ``SHUTDOWN_GRACE_S`` to finish);
+SIGHUP reloads the policy file at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
+
+from aiohttp import web
+
+from router.app import Gateway, build_app
+from router.config import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    Config,
+    ConfigError,
+    check_ready_to_serve,
+    load_config,
+    with_overrides,
+)
+from router.core.policy import PolicyError
+from router.presets import DEFAULT, NAMES, resolve
+
+log = logging.getLogger("router.serve")
+
+SHUTDOWN_GRACE_S = 10.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``serve`` options."""
+    add = parser.add_argument
+    add("--config", metavar="FILE", help="YAML config file (flags override its values)")
+    add(
+        "--backend",
+        action="append",
+        metavar="URL",
+        help="an engine's base URL, e.g. http://10.0.0.5:8000 (repeat for more)",
+    )
+    add(
+        "--backend-dns",
+        metavar="NAME:PORT",
+        help="a DNS name whose every address is an engine (re-resolved periodically)",
+    )
+    add(
+        "--policy",
+        metavar="FILE|PRESET",
+        help=f"routing policy file or preset ({', '.join(NAMES)}; default {DEFAULT})",
+    )
+    add("--host", help=f"address to listen on (default {DEFAULT_HOST}: every interface)")
+    add("--port", type=int, help=f"TCP port to listen on (default {DEFAULT_PORT})")
+    add(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="log verbosity (default: %(default)s)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The config file (if any) with the flags applied; raises ``ConfigError``."""
+    cfg = load_config(args.config) if args.config else Config()
+    cfg = with_overrides(
+        cfg,
+        backends=args.backend,
+        backend_dns=args.backend_dns,
+        policy=args.policy,
+        host=args.host,
+        port=args.port,
+    )
+    check_ready_to_serve(cfg)
+    return cfg
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+async def serve(cfg: Config) -> None:
+    """Run the gateway until SIGTERM or SIGINT."""
+    gw = Gateway(cfg, resolve(cfg.policy))
+    # A disconnecting client must cancel its handler, so the engine's request is cancelled too.
+    runner = web.AppRunner(
+        build_app(gw),
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+    )
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, gw.watcher.request)
+    try:
+        site = web.TCPSite(runner, cfg.listen.host, cfg.listen.port)
+        await site.start()
+        if cfg.gossip.enabled:
+            log.warning("gossip.enabled is set, but this build does not run gossip yet")
+        log.info(
+            "listening on %s:%d; policy %s from %s; %d static backend(s)%s",
+            cfg.listen.host,
+            cfg.listen.port,
+            gw.router.policy.name,
+            gw.watcher.path,
+            len(cfg.backends.static),
+            f", DNS {cfg.backends.dns.name}:{cfg.backends.dns.port}" if cfg.backends.dns else "",
+        )
+        await stop.wait()
+        log.info("stopping: draining in-flight requests for up to %gs", SHUTDOWN_GRACE_S)
+        gw.draining = True
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until stopped; exit 2 on a bad config or policy, 1 when the port is unusable."""
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as e:
+        print(f"kvrouter serve: {e}", file=sys.stderr)
+        return 2
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(serve(cfg))
+    except PolicyError as e:
+        print(f"kvrouter serve: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(
+            f"kvrouter serve: cannot listen on {cfg.listen.host}:{cfg.listen.port}: {e}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

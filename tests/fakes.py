@@ -1,0 +1,196 @@
+"""Fakes shared by the gateway's tests: an in-memory ``Upstream`` with scriptable engines.
+
+``FakeUpstream`` stands where ``AiohttpUpstream`` stands. Each ``FakeEngine`` answers health
+probes and model lists, and answers proxied requests from a queue of ``Script`` steps (one per
+request; an empty queue answers normally: an OpenAI response with usage, streamed when the body
+asks for it). Every response it hands out is tracked, so a test can check that each one was
+released or aborted, and which engine saw which request bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
+
+from router import sse
+from router.errors import UpstreamConnectError, UpstreamDropped, UpstreamTimeout
+from router.upstream import UpstreamRequest, UpstreamResponse
+
+JSON = {"Content-Type": "application/json"}
+SSE = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+@dataclass
+class Script:
+    """What a fake engine does with one request."""
+
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=lambda: dict(JSON))
+    chunks: list[bytes] = field(default_factory=list)
+    connect_error: bool = False
+    hang: bool = False  # no status line until the caller gives up
+    hang_after: int | None = None  # send this many chunks, then nothing more
+    drop_after: int | None = None  # send this many chunks, then break the connection
+
+
+def openai_answer(body: Mapping[str, Any], cached: int = 0, prompt: int = 10) -> Script:
+    """A normal answer to ``body``: streamed (with a usage event when asked) or whole."""
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": 2,
+        "total_tokens": prompt + 2,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+    if body.get("stream") is True:
+        chunks = [
+            sse.encode(orjson.dumps({"choices": [{"index": 0, "delta": {"content": w}}]}))
+            for w in ("hello", " world")
+        ]
+        options = body.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):
+            chunks.append(sse.encode(orjson.dumps({"choices": [], "usage": usage})))
+        chunks.append(sse.DONE)
+        return Script(headers=dict(SSE), chunks=chunks)
+    answer = {"object": "chat.completion", "choices": [], "usage": usage}
+    return Script(chunks=[orjson.dumps(answer)])
+
+
+def error_answer(status: int, message: str = "injected") -> Script:
+    err = {"error": {"message": message, "type": "Error", "param": None, "code": status}}
+    return Script(status=status, chunks=[orjson.dumps(err)])
+
+
+class FakeResponse:
+    """An ``UpstreamResponse`` playing one ``Script``."""
+
+    def __init__(self, engine: str, script: Script) -> None:
+        self.engine = engine
+        self.script = script
+        self._headers = CIMultiDictProxy(CIMultiDict(script.headers))
+        self._sent = 0
+        self.released = False
+        self.aborted = False
+
+    @property
+    def status(self) -> int:
+        return self.script.status
+
+    @property
+    def headers(self) -> MultiMapping[str]:
+        return self._headers
+
+    async def read_chunk(self) -> bytes:
+        s = self.script
+        await asyncio.sleep(0)  # a real read yields to the loop
+        if s.drop_after is not None and self._sent >= s.drop_after:
+            raise UpstreamDropped(f"{self.engine} broke off its response (fake)", self.engine)
+        if s.hang_after is not None and self._sent >= s.hang_after:
+            await asyncio.Event().wait()  # until the caller's timeout cancels us
+        if self._sent >= len(s.chunks):
+            return b""
+        self._sent += 1
+        return s.chunks[self._sent - 1]
+
+    def finished(self) -> bool:
+        s = self.script
+        pending = s.drop_after is not None or s.hang_after is not None
+        return not pending and self._sent >= len(s.chunks)
+
+    def release(self) -> None:
+        self.released = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+@dataclass
+class FakeEngine:
+    """One scripted engine: health, models, and a queue of answers."""
+
+    url: str
+    models: list[str] = field(default_factory=lambda: ["m"])
+    health_status: int = 200
+    down: bool = False  # every call fails to connect
+    cached: int = 0
+    scripts: deque[Script] = field(default_factory=deque)
+    requests: list[UpstreamRequest] = field(default_factory=list)
+
+    def answer(self, request: UpstreamRequest) -> Script:
+        if self.scripts:
+            return self.scripts.popleft()
+        return openai_answer(orjson.loads(request.body), self.cached)
+
+
+class FakeUpstream:
+    """``Upstream`` over in-memory ``FakeEngine``s, keyed by base URL."""
+
+    def __init__(self, *engines: FakeEngine) -> None:
+        self.engines = {e.url: e for e in engines}
+        self.responses: list[FakeResponse] = []
+        self.closed = False
+        # Scripts for the next sends, whichever engine they go to (before engines' own).
+        self.upcoming: deque[Script] = deque()
+        self.sent: list[str] = []  # engine of each send, in order
+
+    def next(self, *scripts: Script) -> None:
+        """The next sends play ``scripts`` in order, whichever engine the router picks."""
+        self.upcoming.extend(scripts)
+
+    def add(self, engine: FakeEngine) -> FakeEngine:
+        self.engines[engine.url] = engine
+        return engine
+
+    def unfinished(self) -> list[FakeResponse]:
+        """Responses neither released nor aborted (each one would leak a connection)."""
+        return [r for r in self.responses if not (r.released or r.aborted)]
+
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse:
+        engine = self.engines.get(request.backend)
+        if engine is None or engine.down:
+            self.sent.append(request.backend)
+            raise UpstreamConnectError(f"cannot connect to {request.backend} (fake)")
+        engine.requests.append(request)
+        self.sent.append(request.backend)
+        script = self.upcoming.popleft() if self.upcoming else engine.answer(request)
+        if script.connect_error:
+            raise UpstreamConnectError(f"cannot connect to {request.backend} (fake)")
+        if script.hang:
+            await asyncio.Event().wait()
+        resp = FakeResponse(request.backend, script)
+        self.responses.append(resp)
+        return resp
+
+    async def fetch(self, url: str, seconds: float) -> tuple[int, bytes]:
+        base = next((b for b in self.engines if url.startswith(b)), None)
+        if base is None:
+            raise UpstreamConnectError(f"cannot connect to {url} (fake)")
+        engine = self.engines[base]
+        if engine.down:
+            raise UpstreamTimeout(f"GET {url} timed out after {seconds:g}s (fake)")
+        path = url[len(base) :]
+        if path == "/v1/models":
+            cards = [{"id": m, "object": "model", "owned_by": "fake"} for m in engine.models]
+            return 200, orjson.dumps({"object": "list", "data": cards})
+        return engine.health_status, b""
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeClock:
+    """A clock tests move by hand."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
