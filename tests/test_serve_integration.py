@@ -36,7 +36,7 @@ MODEL = "sim-model"
 TOKEN = "integration-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 CHAT = "/v1/chat/completions"
-# Long enough for several of the policy's 256-character blocks, in engine-sim's words.
+# Long enough for several of the policy's 512-character blocks, in engine-sim's words.
 SYSTEM = " ".join(f"rule{i} be concise and accurate" for i in range(60))
 
 CONFIG = """
