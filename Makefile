@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck unit tools bench clean
+.PHONY: install demo test lint typecheck unit tools clean
 
 install: $(STAMP)
 

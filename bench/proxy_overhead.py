@@ -21,72 +21,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import aiohttp
-
+from bench.common import chat_body, closed_loop, cpu_seconds, interleaved, pct
 from tests.support import Proc, running, start_kvrouter
-
-CHAT = "/v1/chat/completions"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # After the command name: state is field 3, so utime (14) and stime (15) are at 11 and 12.
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def body(i: int, prompt_chars: int, max_tokens: int) -> dict[str, object]:
-    system = ("You are a careful assistant. " * (prompt_chars // 29 + 1))[:prompt_chars]
-    return {
-        "model": "sim-model",
-        "messages": [
-            {"role": "system", "content": system},
-            {"role": "user", "content": f"question {i}"},
-        ],
-        "max_tokens": max_tokens,
-        "stream": True,
-    }
-
-
-async def ttft(http: aiohttp.ClientSession, url: str, payload: dict[str, object]) -> float:
-    """Seconds to the first event of a streamed request (the stream is then read to its end)."""
-    t0 = time.perf_counter()
-    first = 0.0
-    async with http.post(url + CHAT, json=payload) as resp:
-        resp.raise_for_status()
-        async for chunk in resp.content.iter_any():
-            if not first and b"data:" in chunk:
-                first = time.perf_counter() - t0
-    return first
-
-
-def pct(values: list[float], q: int) -> float:
-    return (
-        statistics.quantiles(values, n=100, method="inclusive")[q - 1] if q < 100 else max(values)
-    )
 
 
 async def latency(
     engine: str, router: str, n: int, prompt_chars: int, max_tokens: int
 ) -> dict[str, float]:
-    direct: list[float] = []
-    routed: list[float] = []
-    async with aiohttp.ClientSession() as http:
-        for i in range(20):  # warm-up: connections, caches, the router's index
-            await ttft(http, engine, body(i, prompt_chars, max_tokens))
-            await ttft(http, router, body(i, prompt_chars, max_tokens))
-        for i in range(n):
-            payload = body(i, prompt_chars, max_tokens)
-            direct.append(await ttft(http, engine, payload))
-            routed.append(await ttft(http, router, payload))
+    timings = await interleaved(
+        {"direct": lambda _i: engine, "router": lambda _i: router},
+        n,
+        lambda i: chat_body(i, prompt_chars, max_tokens),
+    )
+    direct = [t.ttft for t in timings["direct"]]
+    routed = [t.ttft for t in timings["router"]]
     return {
         "direct_p50": pct(direct, 50),
         "direct_p99": pct(direct, 99),
@@ -98,26 +50,17 @@ async def latency(
 async def load(
     router: str, pid: int, total: int, concurrency: int, prompt_chars: int, max_tokens: int
 ) -> dict[str, float]:
-    queue = iter(range(total))
-    failures = 0
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as http:
-
-        async def worker() -> None:
-            nonlocal failures
-            for i in queue:
-                try:
-                    await ttft(http, router, body(i, prompt_chars, max_tokens))
-                except aiohttp.ClientError:
-                    failures += 1
-
-        cpu0, t0 = cpu_seconds(pid), time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        cpu1, t1 = cpu_seconds(pid), time.perf_counter()
+    r = await closed_loop(
+        lambda _i: router,
+        total,
+        concurrency,
+        lambda i: chat_body(i, prompt_chars, max_tokens),
+        lambda: cpu_seconds(pid),
+    )
     return {
-        "requests_per_s": total / (t1 - t0),
-        "cpu_ms_per_request": (cpu1 - cpu0) * 1000 / total,
-        "failures": failures,
+        "requests_per_s": r.requests_per_s,
+        "cpu_ms_per_request": r.cpu_ms_per_request or 0.0,
+        "failures": r.failures,
     }
 
 

@@ -1,0 +1,189 @@
+"""Pieces the gateway benchmarks share: CPU clocks, chat bodies, streamed timings, drivers.
+
+Timings are taken at the client: a streamed request's TTFT is the time from sending it to the
+first ``data:`` bytes, its total time runs to the end of the stream. CPU time is read from
+/proc (Linux only): utime + stime of a process, or of a process and all its descendants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+CHAT = "/v1/chat/completions"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# A body factory: request number -> JSON body.
+BodyFor = Callable[[int], dict[str, object]]
+
+
+def _stat_fields(pid: int) -> list[str]:
+    # The command name (field 2) may hold spaces and parentheses; everything after its closing
+    # parenthesis is space-separated, starting with the state (field 3) at index 0.
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    fields = _stat_fields(pid)
+    # utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int(_stat_fields(int(entry.name))[1])
+        except (OSError, IndexError, ValueError):
+            continue  # exited while we looked
+        tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time of ``pid`` and every live descendant, plus the children they have reaped."""
+    tree = _children()
+    total = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = _stat_fields(p)
+        except OSError:
+            continue
+        # utime, stime, cutime, cstime: fields 14 to 17.
+        total += sum(int(f) for f in fields[11:15]) / CLK_TCK
+        todo.extend(tree.get(p, []))
+    return total
+
+
+def chat_body(i: int, prompt_chars: int, max_tokens: int) -> dict[str, object]:
+    """A streamed chat request: a shared system prompt of ``prompt_chars`` and question ``i``."""
+    system = ("You are a careful assistant. " * (prompt_chars // 29 + 1))[:prompt_chars]
+    return {
+        "model": "sim-model",
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"question {i}"},
+        ],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """One streamed request as the client saw it, in seconds."""
+
+    ttft: float
+    total: float
+
+
+async def stream_timing(
+    http: aiohttp.ClientSession, url: str, payload: Mapping[str, object], path: str = CHAT
+) -> Timing:
+    """Send a streamed request and read it to the end; raises on a non-200 answer."""
+    t0 = time.perf_counter()
+    first = 0.0
+    async with http.post(url + path, json=payload) as resp:
+        resp.raise_for_status()
+        async for chunk in resp.content.iter_any():
+            if not first and b"data:" in chunk:
+                first = time.perf_counter() - t0
+    return Timing(first, time.perf_counter() - t0)
+
+
+async def ttft(http: aiohttp.ClientSession, url: str, payload: dict[str, object]) -> float:
+    """Seconds to the first event of a streamed request (the stream is then read to its end)."""
+    return (await stream_timing(http, url, payload)).ttft
+
+
+def pct(values: list[float], q: int) -> float:
+    """The ``q``-th percentile (1..100) of ``values``, interpolated; 100 is the maximum."""
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    return (
+        statistics.quantiles(values, n=100, method="inclusive")[q - 1] if q < 100 else max(values)
+    )
+
+
+async def interleaved(
+    paths: Mapping[str, Callable[[int], str]], n: int, body_for: BodyFor, warmup: int = 20
+) -> dict[str, list[Timing]]:
+    """One request at a time, path after path for each request number, on keep-alive
+    connections, so that drift in the machine's load hits every path alike."""
+    out: dict[str, list[Timing]] = {name: [] for name in paths}
+    async with aiohttp.ClientSession() as http:
+        for i in range(warmup):  # connections, caches, the routers' indexes
+            for url_for in paths.values():
+                await stream_timing(http, url_for(i), body_for(i))
+        for i in range(n):
+            payload = body_for(i)
+            for name, url_for in paths.items():
+                out[name].append(await stream_timing(http, url_for(i), payload))
+    return out
+
+
+@dataclass
+class LoadResult:
+    """A closed-loop run: throughput, CPU time of the measured process tree, what failed."""
+
+    requests: int
+    seconds: float
+    cpu_seconds: float | None
+    failures: int
+    ttfts: list[float] = field(default_factory=list)
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_ms_per_request(self) -> float | None:
+        if self.cpu_seconds is None or not self.requests:
+            return None
+        return self.cpu_seconds * 1000 / self.requests
+
+
+async def closed_loop(
+    url_for: Callable[[int], str],
+    total: int,
+    concurrency: int,
+    body_for: BodyFor,
+    cpu_of: Callable[[], float] | None = None,
+) -> LoadResult:
+    """``total`` streamed requests, ``concurrency`` at a time; ``cpu_of`` is read around it."""
+    queue = iter(range(total))
+    failures = 0
+    ttfts: list[float] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as http:
+
+        async def worker() -> None:
+            nonlocal failures
+            for i in queue:
+                try:
+                    ttfts.append((await stream_timing(http, url_for(i), body_for(i))).ttft)
+                except aiohttp.ClientError:
+                    failures += 1
+
+        cpu0, t0 = (cpu_of() if cpu_of else 0.0), time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        cpu1, t1 = (cpu_of() if cpu_of else 0.0), time.perf_counter()
+    return LoadResult(
+        requests=total - failures,
+        seconds=t1 - t0,
+        cpu_seconds=(cpu1 - cpu0) if cpu_of else None,
+        failures=failures,
+        ttfts=ttfts,
+    )

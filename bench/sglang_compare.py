@@ -1,0 +1,637 @@
+"""kvrouter against SGLang's router (sglang-router, the `bench` extra): overhead and live quality.
+
+Every process runs on this machine on free loopback ports and is stopped at the end, also on
+Ctrl-C, SIGTERM or an error. Two parts; with neither flag, both run.
+
+``--overhead``: ``--engines`` ``engine-sim --fast`` processes (no model delays: what is measured
+is plumbing) behind nothing (the client spreads requests over the engines itself),
+``kvrouter serve`` with the kv-aware and round-robin presets, and SGLang's router with
+``--policy cache_aware`` and ``round_robin``, all started together. Streamed chat requests.
+
+1. latency: one request at a time on keep-alive connections, twice: interleaved (each
+   request number sent through every path in turn, so drift in the machine's load hits every
+   path alike) and back to back (``--requests`` through one path, then the next: what one
+   client with one connection sees). TTFT is the time to the first ``data:`` bytes, "total"
+   the time to the end of the stream; "added" is a path's percentile minus direct's. A proxy
+   that writes the response head and the first event separately on a socket without
+   TCP_NODELAY holds the event until the client acknowledges the head, and the client delays
+   that ACK (~40 ms on Linux) once the connection is past its first exchanges: a fixed
+   ~40 ms step in TTFT. Whether the client's ACK is delayed depends on the timing of the
+   connection's traffic, so the step can show in one ordering of the paths and not another.
+2. load: at each ``--concurrency``, ``--load-requests`` streamed requests per path, one path
+   at a time; throughput, TTFT under load, failures, and the router's CPU time per request
+   (utime + stime from /proc of the router process and all its descendants, before and
+   after: SGLang's launcher runs its Rust router inside the same Python process, but any
+   child would be counted). CPU time is the figure least disturbed by other work on the
+   machine; latency and throughput move with it.
+
+``--quality``: ``--engines-quality`` engine-sims with a timing model (``--prefill-tokens-per-s``,
+``--decode-tokens-per-s``, ``--max-batch``) and a prefix cache small enough to be contended
+(``--kv-capacity-tokens``), and the first ``--limit`` records of a Mooncake trace replayed open
+loop at their own arrival times divided by ``--speedup``, so every router gets the same
+offered load. One router per run, the engines reset (POST /reset) before each. Mooncake
+prompts are text of 8-character words (``router.core.workload``), which engine-sim counts as
+one token each while kvrouter estimates 4 characters per token, so kv-aware's
+``engine_capacity_tokens`` is the engines' capacity times 2: the same amount of text. Outputs
+are cut to ``--max-output-tokens`` (0: the trace's own) to keep the client's and routers'
+per-token work small on a small machine; prefill, which the cache saves, is unchanged.
+Reports the engines' prefix-cache hit ratio (GET /stats), TTFT at the client, throughput,
+each engine's share of requests (max / mean), the router's CPU per request and failures.
+
+    python -m bench.sglang_compare [--overhead] [--quality]
+        [--engines 2] [--requests 300] [--load-requests 2000] [--concurrency 32 256]
+        [--trace ../shared/data/conversation_trace.jsonl] [--limit 2000] [--speedup 6]
+        [--engines-quality 4] [--kv-capacity-tokens 500000] [--prefill-tokens-per-s 40000]
+        [--decode-tokens-per-s 100] [--max-batch 16] [--max-output-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import aiohttp
+import orjson
+
+from bench.common import (
+    LoadResult,
+    Timing,
+    chat_body,
+    closed_loop,
+    interleaved,
+    pct,
+    tree_cpu_seconds,
+)
+from router.core.blocks import CHARS_PER_TOKEN
+from router.core.workload import TraceRequest, from_mooncake, mooncake_body
+from router.presets import preset_path
+from router.sse import Decoder
+from tests.support import LOOPBACK, Proc, free_port, running, start_kvrouter
+
+MODEL = "sim-model"
+COMPLETIONS = "/v1/completions"
+STARTUP_TIMEOUT_S = 60.0
+# A replayed request that has not finished by then counts as failed (the engines are quick).
+REQUEST_TIMEOUT_S = 300.0
+
+KVROUTER_POLICIES = {"kvrouter kv-aware": "kv-aware", "kvrouter round-robin": "round-robin"}
+SGLANG_POLICIES = {"sglang cache_aware": "cache_aware", "sglang round_robin": "round_robin"}
+ROUTERS = (*KVROUTER_POLICIES, *SGLANG_POLICIES)
+QUALITY_DEFAULT = ("kvrouter kv-aware", "kvrouter round-robin", "sglang cache_aware")
+
+
+# -- processes -----------------------------------------------------------------------------
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def start_sglang(workers: Sequence[str], policy: str, tmp: Path) -> Proc:
+    """SGLang's router with ``policy`` in front of ``workers``; returns once all are healthy.
+
+    Its Prometheus exporter is kept on loopback too, its per-request INFO logging is off (as
+    kvrouter's is at ``--log-level warning``), and a short shutdown grace keeps stopping quick.
+    """
+    port = free_port()
+    log_path = tmp / f"sglang-{policy}-{port}.log"
+    cmd = [
+        sys.executable, "-m", "sglang_router.launch_router",
+        "--host", LOOPBACK, "--port", str(port),
+        "--worker-urls", *workers,
+        "--policy", policy,
+        "--prometheus-host", LOOPBACK, "--prometheus-port", str(free_port()),
+        "--log-level", "warn",
+        "--shutdown-grace-period-secs", "1",
+    ]  # fmt: skip
+    with open(log_path, "wb") as log:
+        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+    proc = Proc(popen, port, log_path)
+    try:
+        _wait_sglang_workers(proc, len(workers))
+    except BaseException:
+        proc.stop(signal.SIGKILL)
+        raise
+    return proc
+
+
+def _wait_sglang_workers(proc: Proc, n: int) -> None:
+    # It answers /health before its workers are registered; GET /workers says when they are.
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    last: object = None
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"SGLang's router exited early:\n{proc.log()}")
+        try:
+            workers = _get_json(f"{proc.url}/workers").get("workers", [])
+            last = workers
+            if sum(1 for w in workers if w.get("is_healthy")) >= n:
+                return
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            last = e
+        time.sleep(0.1)
+    raise TimeoutError(f"SGLang's router: {n} healthy workers not listed ({last})\n{proc.log()}")
+
+
+def start_router(name: str, engines: Sequence[Proc], tmp: Path, policy_file: Path | None) -> Proc:
+    """Router ``name`` (one of ``ROUTERS``) in front of ``engines``."""
+    urls = [e.url for e in engines]
+    if name in SGLANG_POLICIES:
+        return start_sglang(urls, SGLANG_POLICIES[name], tmp)
+    policy = str(policy_file) if policy_file is not None else KVROUTER_POLICIES[name]
+    backends = [a for u in urls for a in ("--backend", u)]
+    args = ["serve", "--host", LOOPBACK, *backends, "--policy", policy, "--log-level", "warning"]
+    return start_kvrouter(args, tmp, ready_path="/ready", timeout=STARTUP_TIMEOUT_S)
+
+
+def start_engines(n: int, flags: Sequence[str], tmp: Path, procs: list[Proc]) -> list[Proc]:
+    engines = []
+    for _ in range(n):
+        engines.append(start_kvrouter(["engine-sim", "--host", LOOPBACK, *flags], tmp))
+        procs.append(engines[-1])
+    return engines
+
+
+def _raise_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def stopping_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit, so ``running`` stops every process on the way out."""
+    previous = signal.signal(signal.SIGTERM, _raise_exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# -- markdown ------------------------------------------------------------------------------
+
+
+def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f}"
+
+
+# -- part 1: overhead ----------------------------------------------------------------------
+
+
+@dataclass
+class OverheadResult:
+    interleaved: dict[str, list[Timing]]
+    back_to_back: dict[str, list[Timing]]
+    load: list[tuple[int, str, LoadResult]]
+
+
+async def _overhead(
+    args: argparse.Namespace, engines: list[Proc], routers: dict[str, Proc]
+) -> OverheadResult:
+    def body_for(i: int) -> dict[str, object]:
+        return chat_body(i, args.prompt_chars, args.max_tokens)
+
+    def direct(i: int) -> str:
+        return engines[i % len(engines)].url
+
+    def fixed(url: str) -> Callable[[int], str]:
+        return lambda _i: url
+
+    paths: dict[str, Callable[[int], str]] = {"direct": direct}
+    paths.update({name: fixed(p.url) for name, p in routers.items()})
+    print(f"latency: {args.requests} requests through each of {len(paths)} paths", flush=True)
+    mixed = await interleaved(paths, args.requests, body_for)
+    alone: dict[str, list[Timing]] = {}
+    for name, url_for in paths.items():
+        alone.update(await interleaved({name: url_for}, args.requests, body_for))
+    load: list[tuple[int, str, LoadResult]] = []
+    for c in args.concurrency:
+        for name, url_for in paths.items():
+            router = routers.get(name)
+            pid = router.popen.pid if router is not None else None
+            cpu_of = (lambda p=pid: tree_cpu_seconds(p)) if pid is not None else None
+            print(f"load: concurrency {c}, {name}", flush=True)
+            r = await closed_loop(url_for, args.load_requests, c, body_for, cpu_of)
+            load.append((c, name, r))
+    return OverheadResult(mixed, alone, load)
+
+
+def run_overhead(args: argparse.Namespace, tmp: Path) -> str:
+    with running([]) as procs:
+        engines = start_engines(args.engines, ["--fast"], tmp, procs)
+        routers: dict[str, Proc] = {}
+        for name in ROUTERS:
+            routers[name] = start_router(name, engines, tmp, None)
+            procs.append(routers[name])
+        result = asyncio.run(_overhead(args, engines, routers))
+    return overhead_report(args, result)
+
+
+def latency_table(latency: Mapping[str, list[Timing]]) -> str:
+    """TTFT and total time per path, and what each adds to direct's."""
+    d_ttft = [t.ttft for t in latency["direct"]]
+    d_total = [t.total for t in latency["direct"]]
+    rows = []
+    for name, timings in latency.items():
+        ttft = [t.ttft for t in timings]
+        total = [t.total for t in timings]
+        rows.append(
+            [
+                name,
+                ms(pct(ttft, 50)),
+                ms(pct(ttft, 99)),
+                ms(pct(ttft, 50) - pct(d_ttft, 50)),
+                ms(pct(ttft, 99) - pct(d_ttft, 99)),
+                ms(pct(total, 50)),
+                ms(pct(total, 99)),
+                ms(pct(total, 50) - pct(d_total, 50)),
+            ]
+        )
+    head = [
+        "path",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "added p50",
+        "added p99",
+        "total p50 ms",
+        "total p99 ms",
+        "added total p50",
+    ]
+    return table(head, rows)
+
+
+def overhead_report(args: argparse.Namespace, r: OverheadResult) -> str:
+    load_rows = []
+    for c, name, lr in r.load:
+        cpu = lr.cpu_ms_per_request
+        load_rows.append(
+            [
+                str(c),
+                name,
+                f"{lr.requests_per_s:.0f}",
+                "-" if cpu is None else f"{cpu:.3f}",
+                ms(pct(lr.ttfts, 50)),
+                ms(pct(lr.ttfts, 99)),
+                str(lr.failures),
+            ]
+        )
+    load = table(
+        ["concurrency", "path", "req/s", "router CPU ms/req", "TTFT p50 ms", "TTFT p99 ms", "fail"],
+        load_rows,
+    )
+    return (
+        f"### Overhead: {args.engines} x engine-sim --fast, streamed chat, "
+        f"{args.prompt_chars}-char prompt, {args.max_tokens} tokens\n\n"
+        f"One request at a time, interleaved ({args.requests} per path):\n\n"
+        f"{latency_table(r.interleaved)}\n\n"
+        f"One request at a time, back to back ({args.requests} per path):\n\n"
+        f"{latency_table(r.back_to_back)}\n\n"
+        f"Closed loop, {args.load_requests} requests per row:\n\n{load}\n"
+    )
+
+
+# -- part 2: live routing quality on a trace -----------------------------------------------
+
+
+def load_trace(path: Path, limit: int) -> list[TraceRequest]:
+    """The first ``limit`` Mooncake records of ``path``."""
+    out: list[TraceRequest] = []
+    with path.open() as f:
+        for n, line in enumerate(f, 1):
+            if len(out) >= limit:
+                break
+            if line.strip():
+                out.append(from_mooncake(json.loads(line), f"{path.name}:{n}"))
+    return out
+
+
+def trace_reuse(trace: Sequence[TraceRequest]) -> float:
+    """Share of prompt tokens an infinite cache would serve: leading blocks seen before."""
+    seen: set[int] = set()
+    hit = total = 0
+    for r in trace:
+        total += r.prompt_tokens
+        lead = 0
+        for k in r.engine_keys:
+            if k not in seen:
+                break
+            lead += 1
+        hit += lead * r.engine_block_tokens
+        seen.update(r.engine_keys)
+    return hit / total if total else 0.0
+
+
+def router_tokens_per_engine_token() -> float:
+    """kvrouter's tokens (characters / 4) per engine-sim token (a word) of Mooncake text."""
+    text = str(mooncake_body([1], 512, 1)["prompt"])
+    return len(text) / len(text.split()) / CHARS_PER_TOKEN
+
+
+def write_kv_aware_policy(dest: Path, engine_capacity_tokens: int) -> None:
+    """The kv-aware preset, told the engines' cache size (as an operator would set it)."""
+    text = preset_path("kv-aware").read_text()
+    line = "engine_capacity_tokens: 1000000"
+    if line not in text:
+        raise RuntimeError(f"the kv-aware preset no longer has {line!r}; update this bench")
+    dest.write_text(text.replace(line, f"engine_capacity_tokens: {engine_capacity_tokens}"))
+
+
+@dataclass
+class Replay:
+    """What the client saw of one router's run."""
+
+    ttfts: list[float] = field(default_factory=list)
+    lags: list[float] = field(default_factory=list)
+    failures: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    seconds: float = 0.0
+
+    def fail(self, why: str) -> None:
+        self.failures += 1
+        self.errors[why] = self.errors.get(why, 0) + 1
+
+
+def replay_body(req: TraceRequest, max_output: int) -> bytes:
+    body = dict(req.request_body())
+    out = int(body.get("max_tokens") or 1)
+    body.update(
+        model=MODEL,
+        max_tokens=max(1, min(out, max_output) if max_output else out),
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    return orjson.dumps(body)
+
+
+async def _send(
+    http: aiohttp.ClientSession, url: str, req: TraceRequest, max_output: int, out: Replay
+) -> None:
+    data = replay_body(req, max_output)
+    t0 = time.perf_counter()
+    first: float | None = None
+    done = False
+    decoder = Decoder()
+    try:
+        async with http.post(
+            url + COMPLETIONS, data=data, headers={"Content-Type": "application/json"}
+        ) as r:
+            if r.status != 200:
+                out.fail(f"HTTP {r.status}")
+                await r.read()
+                return
+            async for chunk in r.content.iter_any():
+                for ev in decoder.feed(chunk):
+                    if ev.done:
+                        done = True
+                        continue
+                    if first is None:
+                        first = time.perf_counter() - t0
+                    if '"usage"' in ev.data:
+                        usage = orjson.loads(ev.data).get("usage") or {}
+                        out.prompt_tokens += usage.get("prompt_tokens", 0)
+                        details = usage.get("prompt_tokens_details") or {}
+                        out.cached_tokens += details.get("cached_tokens", 0)
+    except (TimeoutError, aiohttp.ClientError) as e:
+        out.fail(type(e).__name__)
+        return
+    if not done or first is None:
+        out.fail("stream cut short")
+        return
+    out.ttfts.append(first)
+
+
+async def replay(
+    url: str, trace: Sequence[TraceRequest], speedup: float, max_output: int
+) -> Replay:
+    """Send every request at its trace time / ``speedup`` (open loop) and wait for all."""
+    out = Replay()
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    t_first = trace[0].timestamp
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+        tasks = []
+        start = time.perf_counter()
+        for req in trace:
+            due = start + (req.timestamp - t_first) / speedup
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            # How late the client is sending: the offered load is only the trace's while small.
+            out.lags.append(max(0.0, time.perf_counter() - due))
+            tasks.append(asyncio.create_task(_send(http, url, req, max_output, out)))
+        await asyncio.gather(*tasks)
+        out.seconds = time.perf_counter() - start
+    return out
+
+
+async def _engine_stats(http: aiohttp.ClientSession, engines: Sequence[Proc]) -> list[Any]:
+    stats = []
+    for e in engines:
+        async with http.get(e.url + "/stats") as r:
+            r.raise_for_status()
+            stats.append(await r.json())
+    return stats
+
+
+async def reset_engines(engines: Sequence[Proc]) -> None:
+    async with aiohttp.ClientSession() as http:
+        for e in engines:
+            async with http.post(e.url + "/reset") as r:
+                r.raise_for_status()
+        for s in await _engine_stats(http, engines):
+            if s["requests"] or s["cache_tokens"] or s["running"] or s["waiting"]:
+                raise RuntimeError(f"an engine is not idle and empty after /reset: {s}")
+
+
+async def engine_stats(engines: Sequence[Proc]) -> list[Any]:
+    async with aiohttp.ClientSession() as http:
+        return await _engine_stats(http, engines)
+
+
+@dataclass
+class QualityRow:
+    router: str
+    replay: Replay
+    stats: list[Any]
+    cpu_seconds: float
+
+    @property
+    def requests(self) -> int:
+        return len(self.replay.ttfts)
+
+    @property
+    def hit_ratio(self) -> float:
+        prompt = sum(s["prompt_tokens"] for s in self.stats)
+        return sum(s["cached_tokens"] for s in self.stats) / prompt if prompt else 0.0
+
+    @property
+    def share(self) -> tuple[float, list[int]]:
+        counts = [int(s["requests"]) for s in self.stats]
+        mean = sum(counts) / len(counts)
+        return (max(counts) / mean if mean else 0.0), counts
+
+
+def run_quality(args: argparse.Namespace, tmp: Path) -> str:
+    trace = load_trace(args.trace, args.limit)
+    if not trace:
+        raise SystemExit(f"no records in {args.trace}")
+    policy_capacity = round(args.kv_capacity_tokens * router_tokens_per_engine_token())
+    policy_file = tmp / "kv-aware.yaml"
+    write_kv_aware_policy(policy_file, policy_capacity)
+    engine_flags = [
+        "--kv-capacity-tokens", str(args.kv_capacity_tokens),
+        "--prefill-tokens-per-s", str(args.prefill_tokens_per_s),
+        "--decode-tokens-per-s", str(args.decode_tokens_per_s),
+        "--max-batch", str(args.max_batch),
+    ]  # fmt: skip
+    span = (trace[-1].timestamp - trace[0].timestamp) / args.speedup
+    rows: list[QualityRow] = []
+    with running([]) as procs:
+        engines = start_engines(args.engines_quality, engine_flags, tmp, procs)
+        for name in args.routers:
+            asyncio.run(reset_engines(engines))
+            own_policy = policy_file if name == "kvrouter kv-aware" else None
+            router = start_router(name, engines, tmp, own_policy)
+            procs.append(router)
+            print(f"quality: {name}, {len(trace)} requests over {span:.0f} s", flush=True)
+            cpu0 = tree_cpu_seconds(router.popen.pid)
+            rep = asyncio.run(replay(router.url, trace, args.speedup, args.max_output_tokens))
+            cpu = tree_cpu_seconds(router.popen.pid) - cpu0
+            stats = asyncio.run(engine_stats(engines))
+            router.stop()
+            procs.remove(router)
+            rows.append(QualityRow(name, rep, stats, cpu))
+    return quality_report(args, trace, policy_capacity, rows)
+
+
+def quality_report(
+    args: argparse.Namespace,
+    trace: Sequence[TraceRequest],
+    policy_capacity: int,
+    rows: Sequence[QualityRow],
+) -> str:
+    offered = len(trace) / max(1e-9, (trace[-1].timestamp - trace[0].timestamp) / args.speedup)
+    body = []
+    for r in rows:
+        share, counts = r.share
+        rep = r.replay
+        usage_hit = rep.cached_tokens / rep.prompt_tokens if rep.prompt_tokens else 0.0
+        body.append(
+            [
+                r.router,
+                f"{r.hit_ratio:.3f}",
+                f"{usage_hit:.3f}",
+                f"{pct(rep.ttfts, 50) * 1000:.0f}",
+                f"{pct(rep.ttfts, 99) * 1000:.0f}",
+                f"{r.requests / rep.seconds:.1f}" if rep.seconds else "-",
+                f"{share:.2f} ({'/'.join(map(str, counts))})",
+                f"{r.cpu_seconds * 1000 / max(1, r.requests):.2f}",
+                str(rep.failures) + (f" {rep.errors}" if rep.errors else ""),
+                f"{pct(rep.lags, 99) * 1000:.0f}",
+            ]
+        )
+    head = [
+        "router",
+        "hit ratio",
+        "hit (usage)",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "req/s",
+        "request share max/mean (per engine)",
+        "router CPU ms/req",
+        "failures",
+        "client lag p99 ms",
+    ]
+    outputs = f"at most {args.max_output_tokens}" if args.max_output_tokens else "the trace's"
+    return (
+        f"### Live routing quality: {args.trace.name}, first {len(trace)} requests, "
+        f"speedup {args.speedup:g} ({offered:.1f} req/s offered)\n\n"
+        f"{args.engines_quality} engine-sims: KV cache {args.kv_capacity_tokens:,} tokens, "
+        f"prefill {args.prefill_tokens_per_s:,.0f} tokens/s, decode "
+        f"{args.decode_tokens_per_s:,.0f} tokens/s per sequence, max batch {args.max_batch}; "
+        f"{outputs} output tokens; kv-aware engine_capacity_tokens {policy_capacity:,}. "
+        f"Trace reuse with an infinite cache: {trace_reuse(trace):.3f}.\n\n"
+        f"{table(head, body)}\n"
+    )
+
+
+# -- command line --------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    add = p.add_argument
+    add("--overhead", action="store_true", help="run the overhead part")
+    add("--quality", action="store_true", help="run the live routing-quality part")
+    g = p.add_argument_group("overhead")
+    g.add_argument("--engines", type=int, default=2, help="engine-sim --fast processes (2)")
+    g.add_argument("--requests", type=int, default=300, help="sequential requests per path")
+    g.add_argument("--load-requests", type=int, default=2000, help="requests per load row")
+    g.add_argument("--concurrency", type=int, nargs="+", default=[32, 256])
+    g.add_argument("--prompt-chars", type=int, default=2000)
+    g.add_argument("--max-tokens", type=int, default=16)
+    q = p.add_argument_group("quality")
+    q.add_argument("--trace", type=Path, default=Path("../shared/data/conversation_trace.jsonl"))
+    q.add_argument("--limit", type=int, default=2000, help="replay the first N records")
+    q.add_argument("--speedup", type=float, default=6.0, help="divide arrival times by this")
+    q.add_argument("--engines-quality", type=int, default=4)
+    q.add_argument("--kv-capacity-tokens", type=int, default=500_000)
+    q.add_argument("--prefill-tokens-per-s", type=float, default=40_000.0)
+    q.add_argument("--decode-tokens-per-s", type=float, default=100.0)
+    q.add_argument("--max-batch", type=int, default=16)
+    q.add_argument("--max-output-tokens", type=int, default=64, help="0: the trace's own")
+    q.add_argument(
+        "--routers", nargs="+", choices=ROUTERS, default=list(QUALITY_DEFAULT), metavar="ROUTER"
+    )
+    args = p.parse_args(argv)
+    if not args.overhead and not args.quality:
+        args.overhead = args.quality = True
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    wants_sglang = args.overhead or any(r in SGLANG_POLICIES for r in args.routers)
+    if wants_sglang and importlib.util.find_spec("sglang_router") is None:
+        print("sglang-router is not installed: pip install -e '.[bench]'", file=sys.stderr)
+        return 2
+    reports: Mapping[str, Callable[[argparse.Namespace, Path], str]] = {
+        "overhead": run_overhead,
+        "quality": run_quality,
+    }
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvrouter-bench-") as tmp, stopping_on_sigterm():
+            for part, run in reports.items():
+                if getattr(args, part):
+                    print(run(args, Path(tmp)), flush=True)
+    except KeyboardInterrupt:
+        print("interrupted; every process this bench started is stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
