@@ -8,10 +8,11 @@ shutdown cancels and awaits all of them.
 
 Build a ``Gateway`` inside a running event loop (its upstream opens an aiohttp session).
 
-Where gossip plugs in (not wired yet): ``proxy.on_delta`` receives every index ``Delta`` the
-router records (``Decision.delta``) for broadcast; remote deltas go to ``router.index.apply``;
-peers' loads to ``router.loads.report`` / ``forget``; ``gossip_peers`` feeds the
-``kvrouter_gossip_peers`` gauge; and its transport loop belongs in one more ``cleanup_ctx``.
+With gossip configured, the gateway is one replica of a fleet (``router.replicas``): the index
+gossips under a per-run origin, ``proxy.on_delta`` queues every recorded ``Delta`` for the
+peers, remote deltas and loads merge into ``router.index`` and ``router.loads``,
+``gossip_peers`` and ``gossip_samples`` feed the ``kvrouter_gossip_*`` metrics, and the node
+runs in one more ``cleanup_ctx`` (the first started, the last stopped).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -51,6 +52,10 @@ from router.proxy import CLIENT_GONE, Outcome, Proxy
 from router.reload import PolicyWatcher, Result
 from router.upstream import AiohttpUpstream, Upstream
 
+if TYPE_CHECKING:
+    from router.gossip import GossipConfig, Sample
+    from router.replicas import Replica
+
 log = logging.getLogger(__name__)
 
 # A crashed background loop is restarted after this pause instead of leaving the gateway blind.
@@ -71,6 +76,7 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
         resolver: Resolver = resolve_dns,
         environ: Mapping[str, str] = os.environ,
+        gossip: GossipConfig | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -82,17 +88,26 @@ class Gateway:
             config.policy_reload.interval_seconds,
             poll=config.policy_reload.enabled,
         )
+        origin = "local"
+        if gossip is not None:
+            from router.gossip import run_origin  # grpc is loaded only when gossip is on
+
+            # Unique per process run: a restarted replica numbers its deltas from 1 again.
+            origin = run_origin(gossip.node_id)
         # Raises PolicyError: the gateway does not start on a policy it cannot read.
-        self.router = Router(self.watcher.load_initial())
+        self.router = Router(self.watcher.load_initial(), origin)
         self.upstream: Upstream = upstream or AiohttpUpstream(config.timeouts.connect_seconds)
         # Peers by membership state, for kvrouter_gossip_peers; gossip replaces it.
         self.gossip_peers: Callable[[], Mapping[str, int]] = lambda: {"alive": 0}
+        # The other kvrouter_gossip_* series; gossip replaces it.
+        self.gossip_samples: Callable[[], Iterable[Sample]] = lambda: ()
         self.metrics = Metrics(
             FleetView(
                 backends=self._backend_health,
                 local_load=self._local_load,
                 index_entries=lambda: len(self.router.index),
                 gossip_peers=lambda: self.gossip_peers(),
+                gossip=lambda: self.gossip_samples(),
             )
         )
         self.pool = BackendPool(
@@ -114,6 +129,14 @@ class Gateway:
         )
         # Admin endpoints exist only when the token's variable is set (read once, at start).
         self.admin_token: str | None = environ.get(config.admin_token_env) or None
+        self.replica: Replica | None = None
+        if gossip is not None:
+            from router.replicas import Replica
+
+            self.replica = Replica(gossip, self.router, now=clock)
+            self.proxy.on_delta = self.replica.queue
+            self.gossip_peers = self.replica.peers
+            self.gossip_samples = self.replica.samples
 
     def _set_policy(self, policy: Policy) -> None:
         # One assignment on the event loop: requests in flight keep their decisions, and the
@@ -333,6 +356,12 @@ def _task_ctx(
     return ctx
 
 
+def _replica_ctx(app: web.Application) -> contextlib.AbstractAsyncContextManager[None]:
+    replica = app[GATEWAY].replica
+    assert replica is not None
+    return replica.running()
+
+
 @contextlib.asynccontextmanager
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
@@ -346,6 +375,9 @@ def build_app(gw: Gateway) -> web.Application:
     limit = gw.config.limits.max_body_bytes
     app = web.Application(middlewares=[error_middleware(limit)], client_max_size=limit)
     app[GATEWAY] = gw
+    if gw.replica is not None:
+        # First in, last out: peers keep hearing this replica's load while it drains.
+        app.cleanup_ctx.append(_replica_ctx)
     app.cleanup_ctx.append(_upstream_ctx)
     app.cleanup_ctx.append(_task_ctx("health-probes", lambda g: g.pool.health_loop))
     app.cleanup_ctx.append(_task_ctx("model-lists", lambda g: g.pool.models_loop))

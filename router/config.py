@@ -16,16 +16,23 @@ The file's shape is shared with the Helm chart, so its names are a contract::
     limits: {max_body_bytes: 16777216, max_attempts: 3}
     admin_token_env: KVROUTER_ADMIN_TOKEN
     gossip: {enabled: false, port: 7946, dns: "", peers: [], secret_env: KVROUTER_GOSSIP_SECRET,
-             tls: {cert_file: "", key_file: "", ca_file: ""}}
+             tls: {cert_file: "", key_file: "", ca_file: ""}, advertise: "", node_id: "",
+             preset: lan}
 
 Every section and field is optional; defaults are the values above, except that there are no
-backends by default. Loading is strict like the policy loader (``router.core.fields``): unknown
-keys and wrong types are errors that name the file and the field path.
+backends by default. Gossip listens on ``listen.host`` at ``gossip.port``; ``gossip.dns`` is
+NAME:PORT (or NAME, for the gossip port) and each of ``gossip.peers`` is HOST:PORT; an empty
+``advertise`` or ``node_id`` is worked out at start (``router.replicas``). Loading is strict
+like the policy loader (``router.core.fields``): unknown keys and wrong types are errors that
+name the file and the field path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +45,7 @@ from router.presets import DEFAULT as DEFAULT_POLICY
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_PORT = 8000
 SCHEMES = ("http", "https")
+DEFAULT_PORTS = {"http": 80, "https": 443}
 DAY = 86_400.0
 
 
@@ -112,10 +120,19 @@ class GossipTls:
     key_file: str = ""
     ca_file: str = ""
 
+    @property
+    def configured(self) -> bool:
+        """Any of the files is set (then all three must be)."""
+        return bool(self.cert_file or self.key_file or self.ca_file)
+
+
+# Gossip timing presets (router.gossip.config.PRESETS): lan for a cluster, local for one host.
+GOSSIP_PRESETS = ("lan", "local")
+
 
 @dataclass(frozen=True, slots=True)
 class Gossip:
-    """Peer-to-peer sharing of index deltas and loads (accepted now, wired later)."""
+    """Sharing of index deltas and in-flight load with the other router replicas."""
 
     enabled: bool = False
     port: int = 7946
@@ -123,6 +140,11 @@ class Gossip:
     peers: tuple[str, ...] = ()
     secret_env: str = "KVROUTER_GOSSIP_SECRET"
     tls: GossipTls = field(default_factory=GossipTls)
+    # HOST:PORT that peers dial; empty: worked out from the listen address or the pod's IP.
+    advertise: str = ""
+    # This replica's name among its peers; empty: the pod name, or hostname:port.
+    node_id: str = ""
+    preset: str = "lan"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +163,12 @@ class Config:
 
 
 def backend_url(text: str) -> str:
-    """A backend base URL, normalised (no trailing slash); raises ``ValueError`` saying why."""
+    """A backend base URL in canonical form; raises ``ValueError`` saying why.
+
+    The URL is the engine's name in the index that replicas gossip, so every spelling of one
+    engine must give one name: lower-case scheme and host, IP literals compressed, the port
+    always explicit (as DNS discovery writes it), no trailing slash.
+    """
     try:
         u = urlsplit(text.strip())
         port = u.port
@@ -154,10 +181,12 @@ def backend_url(text: str) -> str:
     if u.query or u.fragment or u.username or u.password:
         raise ValueError(f"must not carry a query, fragment or credentials: {text!r}")
     host = u.hostname
+    with contextlib.suppress(ValueError):
+        host = ipaddress.ip_address(host).compressed
     if ":" in host:
         host = f"[{host}]"
-    netloc = host if port is None else f"{host}:{port}"
-    return f"{u.scheme}://{netloc}{u.path.rstrip('/')}"
+    port = DEFAULT_PORTS[u.scheme] if port is None else port
+    return f"{u.scheme}://{host}:{port}{u.path.rstrip('/')}"
 
 
 def dns_target(text: str) -> tuple[str, int]:
@@ -166,6 +195,25 @@ def dns_target(text: str) -> tuple[str, int]:
     if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"must be NAME:PORT with a port from 1 to 65535, got {text!r}")
     return name.strip("[]"), int(port)
+
+
+def gossip_peer(text: str) -> str:
+    """A gossip seed, ``HOST:PORT`` (``[V6]:PORT``), stripped; raises ``ValueError``."""
+    try:
+        dns_target(text.strip())
+    except ValueError:
+        raise ValueError(f"must be HOST:PORT with a port from 1 to 65535, got {text!r}") from None
+    return text.strip()
+
+
+def gossip_dns(text: str) -> str:
+    """A gossip DNS name, ``NAME:PORT`` or ``NAME`` (the gossip port); raises ``ValueError``."""
+    text = text.strip()
+    if ":" in text and not text.endswith("]"):
+        dns_target(text)
+    elif not text.strip("[]"):
+        raise ValueError("must be NAME:PORT or NAME, got an empty name")
+    return text
 
 
 def _seconds(f: _Fields, key: str, default: float, lo: float = 0.01) -> float:
@@ -266,13 +314,30 @@ def _gossip(f: _Fields | None) -> Gossip:
     if t is not None:
         tls = GossipTls(t.text("cert_file", ""), t.text("key_file", ""), t.text("ca_file", ""))
         t.done()
+    peers: list[str] = []
+    for i, text in enumerate(f.texts("peers")):
+        try:
+            peers.append(gossip_peer(text))
+        except ValueError as e:
+            f.fail(f"{f.at('peers')}[{i}]", str(e))
+    dns = f.text("dns", "")
+    advertise = f.text("advertise", "")
+    for key, value, check in (("dns", dns, gossip_dns), ("advertise", advertise, gossip_peer)):
+        if value:
+            try:
+                check(value)
+            except ValueError as e:
+                f.fail(f.at(key), str(e))
     out = Gossip(
         enabled=f.flag("enabled", False),
         port=f.integer("port", 7946, 1, 65535),
-        dns=f.text("dns", ""),
-        peers=tuple(f.texts("peers")),
+        dns=dns.strip(),
+        peers=tuple(peers),
         secret_env=f.text("secret_env", "KVROUTER_GOSSIP_SECRET"),
         tls=tls,
+        advertise=advertise.strip(),
+        node_id=f.text("node_id", ""),
+        preset=f.choice("preset", "lan", GOSSIP_PRESETS),
     )
     f.done()
     return out
@@ -323,6 +388,12 @@ def with_overrides(
     policy: str | None = None,
     host: str | None = None,
     port: int | None = None,
+    gossip_port: int | None = None,
+    gossip_peers: list[str] | None = None,
+    gossip_dns: str | None = None,
+    gossip_advertise: str | None = None,
+    gossip_node_id: str | None = None,
+    gossip_preset: str | None = None,
 ) -> Config:
     """``cfg`` with command-line flags applied (a flag replaces the file's value)."""
     b = cfg.backends
@@ -346,7 +417,66 @@ def with_overrides(
         listen = dataclasses.replace(listen, host=host)
     if port is not None:
         listen = dataclasses.replace(listen, port=port)
-    return dataclasses.replace(cfg, backends=b, listen=listen, policy=policy or cfg.policy)
+    gossip = _gossip_overrides(
+        cfg.gossip,
+        port=gossip_port,
+        peers=gossip_peers,
+        dns=gossip_dns,
+        advertise=gossip_advertise,
+        node_id=gossip_node_id,
+        preset=gossip_preset,
+    )
+    return dataclasses.replace(
+        cfg, backends=b, listen=listen, policy=policy or cfg.policy, gossip=gossip
+    )
+
+
+def _gossip_overrides(
+    g: Gossip,
+    *,
+    port: int | None,
+    peers: list[str] | None,
+    dns: str | None,
+    advertise: str | None,
+    node_id: str | None,
+    preset: str | None,
+) -> Gossip:
+    """The gossip flags applied: ``--gossip-port`` turns gossip on; the others need it on."""
+    if port is not None:
+        if not 0 < port < 65536:
+            raise ConfigError(f"--gossip-port: must be from 1 to 65535, got {port}")
+        g = dataclasses.replace(g, enabled=True, port=port)
+    given = {
+        "--gossip-peer": peers,
+        "--gossip-dns": dns,
+        "--gossip-advertise": advertise,
+        "--gossip-node-id": node_id,
+        "--gossip-preset": preset,
+    }
+    used = [flag for flag, value in given.items() if value]
+    if used and not g.enabled:
+        raise ConfigError(
+            f"{used[0]} needs gossip on: give --gossip-port P (or gossip.enabled in the config)"
+        )
+    if peers:
+        seeds = tuple(_flag("--gossip-peer", gossip_peer, p) for p in peers)
+        g = dataclasses.replace(g, peers=seeds)
+    if dns:
+        g = dataclasses.replace(g, dns=_flag("--gossip-dns", gossip_dns, dns))
+    if advertise:
+        g = dataclasses.replace(g, advertise=_flag("--gossip-advertise", gossip_peer, advertise))
+    if node_id:
+        g = dataclasses.replace(g, node_id=node_id)
+    if preset:
+        g = dataclasses.replace(g, preset=preset)
+    return g
+
+
+def _flag(flag: str, check: Callable[[str], str], value: str) -> str:
+    try:
+        return check(value)
+    except ValueError as e:
+        raise ConfigError(f"{flag}: {e}") from None
 
 
 def check_ready_to_serve(cfg: Config) -> None:

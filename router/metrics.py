@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from router.core.load import Load
+
+if TYPE_CHECKING:
+    from router.gossip import Sample
 
 # Generation requests run from milliseconds (embeddings, cache hits) to minutes.
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -23,6 +27,37 @@ TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 # A routing decision should take microseconds; the upper buckets catch pathological prompts.
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1)
 RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1.0)
+
+GOSSIP_PEERS = "kvrouter_gossip_peers"
+# Help for the gossip node's series (router.gossip.stats.samples); names ending in _total are
+# counters, the rest gauges.
+GOSSIP_HELP: Mapping[str, str] = {
+    "kvrouter_gossip_rounds_total": "Gossip rounds that sent rumours to at least one peer.",
+    "kvrouter_gossip_probes_total": "SWIM failure-detection probes, by result.",
+    "kvrouter_gossip_messages_total": "Gossip messages, by direction.",
+    "kvrouter_gossip_bytes_total": "Gossip bytes on the wire (MACs and framing included).",
+    "kvrouter_gossip_call_failures_total": "Gossip calls to peers that failed or timed out.",
+    "kvrouter_gossip_deltas_total": (
+        "Index deltas: published (this replica's), applied (a peer's, merged), duplicate."
+    ),
+    "kvrouter_gossip_load_reports_total": (
+        "Peers' load reports: applied, or dropped (from a member known dead)."
+    ),
+    "kvrouter_gossip_snapshots_total": "Whole-index snapshots sent to and received from peers.",
+    "kvrouter_gossip_refused_total": (
+        "Gossip messages refused, never merged: bad MAC (wrong secret), replay, stale, malformed."
+    ),
+    "kvrouter_gossip_queue_dropped_total": "Rumours dropped from full transmit queues.",
+    "kvrouter_gossip_errors_total": "Internal errors in gossip loops and handlers.",
+    "kvrouter_gossip_queued_rumours": "Rumours waiting to be sent.",
+    "kvrouter_gossip_retained_deltas": "Recent deltas kept to repair peers that missed them.",
+    "kvrouter_gossip_retained_bytes": "Bytes of the retained deltas.",
+    "kvrouter_gossip_load_origins": "Replicas whose load reports this replica holds.",
+    "kvrouter_gossip_incarnation": "This replica's SWIM incarnation (raised to refute).",
+    "kvrouter_gossip_convergence_lag_seconds": (
+        "Seconds from creation to arrival of the newest delta from each live origin."
+    ),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +69,8 @@ class FleetView:
     index_entries: Callable[[], int]
     # Peers by state; gossip plugs its own in (until then there are none).
     gossip_peers: Callable[[], Mapping[str, int]] = lambda: {"alive": 0}
+    # The gossip node's other series (none while gossip is off).
+    gossip: Callable[[], Iterable[Sample]] = lambda: ()
 
 
 class _FleetCollector(Collector):
@@ -75,11 +112,26 @@ class _FleetCollector(Collector):
             value=v.index_entries(),
         )
         peers = GaugeMetricFamily(
-            "kvrouter_gossip_peers", "Gossip peers by membership state.", labels=["state"]
+            GOSSIP_PEERS, "Gossip peers by membership state.", labels=["state"]
         )
         for state, n in sorted(v.gossip_peers().items()):
             peers.add_metric([state], n)
-        return [reqs, toks, healthy, blocks, peers]
+        return [reqs, toks, healthy, blocks, peers, *_gossip_families(v.gossip())]
+
+
+def _gossip_families(series: Iterable[Sample]) -> list[Metric]:
+    """Group the gossip node's samples into families (the peers gauge is exported apart)."""
+    families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+    for s in series:
+        if s.name == GOSSIP_PEERS:
+            continue
+        fam = families.get(s.name)
+        if fam is None:
+            doc = GOSSIP_HELP.get(s.name, "Gossip: " + s.name.removeprefix("kvrouter_gossip_"))
+            kind = CounterMetricFamily if s.name.endswith("_total") else GaugeMetricFamily
+            fam = families[s.name] = kind(s.name, doc, labels=sorted(s.labels))
+        fam.add_metric([s.labels[k] for k in sorted(s.labels)], s.value)
+    return list(families.values())
 
 
 class Metrics:

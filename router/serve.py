@@ -5,6 +5,11 @@ a flag replaces the file's value. It listens on 0.0.0.0:8000 by default (what a 
 pod needs; pass ``--host 127.0.0.1`` to keep it on this machine). SIGTERM and SIGINT stop it
 gracefully (``/ready`` turns 503, in-flight requests get ``SHUTDOWN_GRACE_S`` to finish);
 SIGHUP reloads the policy file at once.
+
+Several replicas behind one Service route as one with gossip (``router.replicas``):
+``--gossip-port`` (or ``gossip.enabled`` in the file) turns it on; peers come from
+``--gossip-peer`` seeds and a re-resolved ``--gossip-dns`` name; the shared secret comes from
+the environment (KVROUTER_GOSSIP_SECRET), or mutual TLS from the file's ``gossip.tls``.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -22,6 +29,7 @@ from router.app import Gateway, build_app
 from router.config import (
     DEFAULT_HOST,
     DEFAULT_PORT,
+    GOSSIP_PRESETS,
     Config,
     ConfigError,
     check_ready_to_serve,
@@ -30,6 +38,9 @@ from router.config import (
 )
 from router.core.policy import PolicyError
 from router.presets import DEFAULT, NAMES, resolve
+
+if TYPE_CHECKING:
+    from router.gossip import GossipConfig
 
 log = logging.getLogger("router.serve")
 
@@ -58,6 +69,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--host", help=f"address to listen on (default {DEFAULT_HOST}: every interface)")
     add("--port", type=int, help=f"TCP port to listen on (default {DEFAULT_PORT})")
+    g = parser.add_argument_group(
+        "gossip between router replicas",
+        "Share recorded prefixes and in-flight load with the other replicas, so that they "
+        "route as one. The shared secret is read from KVROUTER_GOSSIP_SECRET (or the config's "
+        "gossip.secret_env); mutual TLS is configured in the config file (gossip.tls).",
+    )
+    g.add_argument(
+        "--gossip-port",
+        type=int,
+        metavar="P",
+        help="gossip on this TCP port (turns gossip on; the file's gossip.port otherwise)",
+    )
+    g.add_argument(
+        "--gossip-peer",
+        action="append",
+        metavar="HOST:PORT",
+        help="a replica to join through (repeat for more)",
+    )
+    g.add_argument(
+        "--gossip-dns",
+        metavar="NAME:PORT",
+        help="a DNS name whose every address is a replica, re-resolved periodically "
+        "(a Kubernetes headless Service)",
+    )
+    g.add_argument(
+        "--gossip-advertise",
+        metavar="HOST:PORT",
+        help="the address peers reach this replica at (default: the --host address; "
+        "with 0.0.0.0, $POD_IP or the address this host's name resolves to)",
+    )
+    g.add_argument(
+        "--gossip-node-id",
+        metavar="ID",
+        help="this replica's name among its peers (default: $POD_NAME, else HOSTNAME:PORT)",
+    )
+    g.add_argument(
+        "--gossip-preset",
+        choices=GOSSIP_PRESETS,
+        help="gossip timing: lan (a cluster; the default) or local (replicas on one host)",
+    )
     add(
         "--log-level",
         default="info",
@@ -76,9 +127,24 @@ def config_from_args(args: argparse.Namespace) -> Config:
         policy=args.policy,
         host=args.host,
         port=args.port,
+        gossip_port=args.gossip_port,
+        gossip_peers=args.gossip_peer,
+        gossip_dns=args.gossip_dns,
+        gossip_advertise=args.gossip_advertise,
+        gossip_node_id=args.gossip_node_id,
+        gossip_preset=args.gossip_preset,
     )
     check_ready_to_serve(cfg)
     return cfg
+
+
+def gossip_from(cfg: Config) -> GossipConfig | None:
+    """The gossip node's settings from ``cfg`` and the environment; raises ``ConfigError``."""
+    if not cfg.gossip.enabled:
+        return None
+    from router.replicas import gossip_config  # grpc is loaded only when gossip is on
+
+    return gossip_config(cfg, os.environ)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
@@ -90,9 +156,9 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
     return factory
 
 
-async def serve(cfg: Config) -> None:
-    """Run the gateway until SIGTERM or SIGINT."""
-    gw = Gateway(cfg, resolve(cfg.policy))
+async def serve(cfg: Config, gossip: GossipConfig | None = None) -> None:
+    """Run the gateway (a replica of a gossiping fleet with ``gossip``) until SIGTERM/SIGINT."""
+    gw = Gateway(cfg, resolve(cfg.policy), gossip=gossip)
     # A disconnecting client must cancel its handler, so the engine's request is cancelled too.
     runner = web.AppRunner(
         build_app(gw),
@@ -100,7 +166,11 @@ async def serve(cfg: Config) -> None:
         access_log=None,
         shutdown_timeout=SHUTDOWN_GRACE_S,
     )
-    await runner.setup()
+    try:
+        await runner.setup()
+    except BaseException:
+        await gw.upstream.close()  # nothing else started: the gossip listener comes first
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -109,8 +179,6 @@ async def serve(cfg: Config) -> None:
     try:
         site = web.TCPSite(runner, cfg.listen.host, cfg.listen.port)
         await site.start()
-        if cfg.gossip.enabled:
-            log.warning("gossip.enabled is set, but this build does not run gossip yet")
         log.info(
             "listening on %s:%d; policy %s from %s; %d static backend(s)%s",
             cfg.listen.host,
@@ -138,16 +206,23 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         cfg = config_from_args(args)
+        gossip = gossip_from(cfg)
     except ConfigError as e:
         print(f"kvrouter serve: {e}", file=sys.stderr)
         return 2
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(serve(cfg))
+            runner.run(serve(cfg, gossip))
     except PolicyError as e:
         print(f"kvrouter serve: {e}", file=sys.stderr)
         return 2
     except OSError as e:
+        if gossip is not None:
+            from router.replicas import GossipStartError
+
+            if isinstance(e, GossipStartError):
+                print(f"kvrouter serve: {e}", file=sys.stderr)
+                return 1
         print(
             f"kvrouter serve: cannot listen on {cfg.listen.host}:{cfg.listen.port}: {e}",
             file=sys.stderr,

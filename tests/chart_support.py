@@ -56,16 +56,35 @@ ROUTER_METRICS: Mapping[str, str] = {
     "kvrouter_prompt_tokens_total": "counter",
     "kvrouter_index_blocks": "gauge",
     "kvrouter_policy_reloads_total": "counter",
+    "kvrouter_retries_total": "counter",
     "kvrouter_gossip_peers": "gauge",
     "kvrouter_gossip_rounds_total": "counter",
     "kvrouter_gossip_bytes_total": "counter",
     "kvrouter_gossip_deltas_total": "counter",
+    # The rest of the gossip node's series (router.gossip.stats), exported with gossip on.
+    "kvrouter_gossip_probes_total": "counter",
+    "kvrouter_gossip_messages_total": "counter",
+    "kvrouter_gossip_call_failures_total": "counter",
+    "kvrouter_gossip_load_reports_total": "counter",
+    "kvrouter_gossip_snapshots_total": "counter",
+    "kvrouter_gossip_refused_total": "counter",
+    "kvrouter_gossip_queue_dropped_total": "counter",
+    "kvrouter_gossip_errors_total": "counter",
+    "kvrouter_gossip_queued_rumours": "gauge",
+    "kvrouter_gossip_retained_deltas": "gauge",
+    "kvrouter_gossip_retained_bytes": "gauge",
+    "kvrouter_gossip_load_origins": "gauge",
+    "kvrouter_gossip_incarnation": "gauge",
+    "kvrouter_gossip_convergence_lag_seconds": "gauge",
 }
 
 # HTTP paths `kvrouter serve` answers besides /v1/*.
 ROUTER_HTTP_PATHS = frozenset({"/health", "/ready", "/metrics"})
 ROUTER_HTTP_PORT = 8000
 ROUTER_GOSSIP_PORT = 7946
+# Environment the router reads with gossip on (router.replicas), from the downward API: the
+# pod's name is its node id, its IP the address gossip peers dial.
+ROUTER_POD_ENV: Mapping[str, str] = {"POD_NAME": "metadata.name", "POD_IP": "status.podIP"}
 ROUTER_CONFIG_KEYS = frozenset(
     {
         "listen",

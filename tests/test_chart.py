@@ -38,6 +38,7 @@ from tests.chart_support import (
     ROUTER_HTTP_PATHS,
     ROUTER_HTTP_PORT,
     ROUTER_METRICS,
+    ROUTER_POD_ENV,
     SERVICE_MONITOR_API,
     Rendered,
     Stage,
@@ -368,6 +369,18 @@ def test_gossip_secret_scenario_comes_from_the_secret(scenario: str) -> None:
             assert ref["key"] in out.one("Secret", ref["name"])["data"]
     if existing:
         assert out.of_kind("Secret") == []
+
+
+@pytest.mark.parametrize("scenario", SCENARIO_IDS)
+def test_gossip_scenario_pod_name_and_ip_from_downward_api(scenario: str) -> None:
+    out = rendered(scenario)
+    env = {e["name"]: e for e in out.router_container().get("env", [])}
+    if not out.router_config()["gossip"]["enabled"]:
+        assert not set(ROUTER_POD_ENV) & set(env)
+        return
+    assert out.router_config()["listen"]["host"] == "0.0.0.0"  # so the pod IP is advertised
+    for name, field_path in ROUTER_POD_ENV.items():
+        assert env[name]["valueFrom"]["fieldRef"]["fieldPath"] == field_path
 
 
 def test_gossip_tls_enabled_files_mounted_from_secret() -> None:

@@ -136,6 +136,17 @@ def test_set_policy_new_block_size_resets_index_but_keeps_engines() -> None:
     assert len(r.index) == 0 and set(r.index.engines) == set(ENGINES)
 
 
+def test_set_policy_new_block_size_delta_numbering_goes_on() -> None:
+    # Gossip peers drop a delta whose (origin, seq) they hold: a rebuilt index must not reuse one.
+    r = Router(load_policy_text("name: t\n" + KV, "t"), origin="replica-a/1")
+    r.set_engines(dict.fromkeys(ENGINES, 1))
+    before = r.route(body(LONG), ENGINES, now=0.0).delta
+    r.set_policy(load_policy_text("name: t\nblock_chars: 1024\n" + KV, "t"))
+    after = r.route(body(LONG), ENGINES, now=1.0).delta
+    assert before is not None and after is not None
+    assert (after.origin, after.seq) == ("replica-a/1", before.seq + 1)
+
+
 @pytest.mark.parametrize("name", ["kv-aware", "least-load", "consistent-hash", "round-robin"])
 def test_presets_route_and_release(name: str) -> None:
     r = Router(load_policy(preset_path(name)))

@@ -126,10 +126,13 @@ def test_config_unreadable_file_names_it(tmp_path: Path) -> None:
     ("text", "url"),
     [
         ("http://a:8000/", "http://a:8000"),
-        ("https://A.example", "https://a.example"),
+        ("HTTPS://A.example", "https://a.example:443"),
+        ("http://a.example:80/", "http://a.example:80"),
         ("http://[::1]:9000", "http://[::1]:9000"),
+        ("http://[0:0::0001]:9000//", "http://[::1]:9000"),
         ("http://h:1/prefix/", "http://h:1/prefix"),
     ],
+    ids=["trailing-slash", "case-default-port", "explicit-default", "v6", "v6-compressed", "path"],
 )
 def test_backend_url_normalised(text: str, url: str) -> None:
     assert backend_url(text) == url

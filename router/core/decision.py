@@ -153,7 +153,8 @@ class Router:
         self.policy = policy
         if policy.block_chars != old.block_chars:
             engines = self.index.engines
-            self.index = BlockIndex(self._limits(policy), self.origin)
+            # Numbering goes on: peers drop a delta whose (origin, seq) they have seen before.
+            self.index = BlockIndex(self._limits(policy), self.origin, seq=self.index.seq)
             for e in engines:
                 self.index.add_engine(e)
         elif self._limits(policy) != self.index.limits:

@@ -68,14 +68,15 @@ class IndexLimits:
 class BlockIndex:
     """Per-engine block keys with LRU eviction, a global entry cap, and mergeable deltas."""
 
-    def __init__(self, limits: IndexLimits, origin: str = "local") -> None:
+    def __init__(self, limits: IndexLimits, origin: str = "local", *, seq: int = 0) -> None:
+        """An empty index; its deltas are numbered from ``seq + 1`` under ``origin``."""
         self.limits = limits
         self.origin = origin
         self._engines: dict[str, LruKeys] = {}
         # engine -> its key table, for the one membership probe per engine on every decision
         self._tables: dict[str, dict[int, float]] = {}
         self._capacity_override: dict[str, int] = {}
-        self._seq = 0
+        self._seq = seq
         self._seen: dict[str, SeqWindow] = {}
         self._entries = 0
 
@@ -106,6 +107,11 @@ class BlockIndex:
         self._capacity_override.pop(engine, None)
         if lru is not None:
             self._entries -= len(lru)
+
+    @property
+    def seq(self) -> int:
+        """The number of the last delta this index made."""
+        return self._seq
 
     def blocks(self, engine: str) -> int:
         lru = self._engines.get(engine)

@@ -63,16 +63,21 @@ class GrpcTransport(Transport):
                 raise  # not reached: abort raises
 
         method = grpc.unary_unary_rpc_method_handler(exchange)
-        server = grpc.aio.server(
-            options=self._size_options, maximum_concurrent_rpcs=self.max_serving
-        )
+        # gRPC sets SO_REUSEPORT by default: a second replica started on a port already in
+        # use would silently share it (the kernel splitting peers between the two) instead of
+        # failing to start.
+        options = [*self._size_options, ("grpc.so_reuseport", 0)]
+        server = grpc.aio.server(options=options, maximum_concurrent_rpcs=self.max_serving)
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, {"Exchange": method}),)
         )
-        if self.tls is not None:
-            port = server.add_secure_port(self.bind, server_credentials(self.tls))
-        else:
-            port = server.add_insecure_port(self.bind)
+        try:
+            if self.tls is not None:
+                port = server.add_secure_port(self.bind, server_credentials(self.tls))
+            else:
+                port = server.add_insecure_port(self.bind)
+        except RuntimeError as e:  # newer grpcio raise instead of returning port 0
+            raise TransportError(f"cannot listen on {self.bind}: {e}") from None
         if port == 0:
             raise TransportError(f"cannot listen on {self.bind}")
         await server.start()

@@ -1,0 +1,337 @@
+"""Live cache hit ratio of several router replicas, with and without gossip, against one.
+
+Starts ``--engines`` timed ``engine-sim`` processes whose prefix caches are too small for the
+trace's working set (the cache is contended: where a request lands decides its hits), then,
+for each run, ``kvrouter serve`` replicas in front of all of them:
+
+- ``single``: one replica;
+- ``gossip-on``: ``--replicas`` replicas sharing index and load by gossip;
+- ``gossip-off``: the same replicas, each on its own.
+
+A client replays the first ``--requests`` records of a Mooncake trace (each record's blocks
+expanded to text by ``router.core.workload``) as completions requests, round-robin over the
+replicas as a Kubernetes Service would spread them, with ``--concurrency`` in flight (closed
+loop: the trace's timestamps give the order, not the pace). The engines are reset before every
+run; the hit ratio is theirs: cached prompt tokens over prompt tokens, from ``GET /stats``.
+
+Every replica runs the kv-aware preset told the engines' real cache size. Mooncake text has one
+engine token (a whitespace word) per eight characters, and the router counts four characters
+as a token, so the policy's ``engine_capacity_tokens`` is twice the engines' capacity.
+
+    python -m bench.replicas_hit_ratio [--trace ../shared/data/conversation_trace.jsonl]
+        [--requests 3000] [--concurrency 16] [--engines 4] [--replicas 4]
+        [--kv-capacity-tokens 400000] [--preset local|lan] [--cold-prefix score|ring]
+        [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from router.core.blocks import CHARS_PER_TOKEN
+from router.core.workload import from_mooncake
+from router.presets import preset_path
+from tests.support import Proc, free_port, running, start_kvrouter
+
+MODEL = "sim-model"
+SECRET = "replicas-hit-ratio-bench-secret-0123"
+# A Mooncake block word is seven hex digits and a space: one engine token, two router tokens.
+ROUTER_TOKENS_PER_ENGINE_TOKEN = 8 // CHARS_PER_TOKEN
+# Engines fast enough for a run of a minute or two on a small machine, with prefill still
+# costing more than decode, as on a real GPU.
+PREFILL_TOKENS_PER_S = 200_000
+DECODE_TOKENS_PER_S = 1_000
+MAX_BATCH = 16
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    replicas: int
+    gossip: bool
+
+
+@dataclass(frozen=True)
+class Result:
+    run: Run
+    requests: int
+    failed: int
+    prompt_tokens: int
+    cached_tokens: int
+    busiest_share: float  # the busiest engine's requests over the mean
+    seconds: float
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def http_json(url: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def metric(proc: Proc, line_prefix: str) -> float:
+    with urllib.request.urlopen(f"{proc.url}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(line_prefix):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wait(check: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def load_bodies(path: Path, n: int, max_tokens: int) -> list[bytes]:
+    """The first ``n`` Mooncake records as completions bodies for the engine-sims' model."""
+    out = []
+    with path.open() as f:
+        for i, line in enumerate(itertools.islice(f, n)):
+            body = dict(from_mooncake(json.loads(line), f"{path}:{i + 1}").request_body())
+            body["model"] = MODEL
+            body["max_tokens"] = max(1, min(int(body["max_tokens"]), max_tokens))
+            out.append(orjson.dumps(body))
+    return out
+
+
+def write_policy(dest: Path, engine_capacity: int, cold_prefix: str) -> None:
+    """The kv-aware preset, told the engines' cache size in router tokens."""
+    text = preset_path("kv-aware").read_text()
+    router_tokens = engine_capacity * ROUTER_TOKENS_PER_ENGINE_TOKEN
+    for old, new in (
+        ("engine_capacity_tokens: 1000000", f"engine_capacity_tokens: {router_tokens}"),
+        ("cold_prefix: score", f"cold_prefix: {cold_prefix}"),
+    ):
+        assert old in text, f"the kv-aware preset no longer says {old!r}"
+        text = text.replace(old, new)
+    dest.write_text(text)
+
+
+async def replay(bodies: list[bytes], targets: list[str], concurrency: int) -> int:
+    """Send every body, round-robin over ``targets``, ``concurrency`` at a time; failures."""
+    next_index = itertools.count()
+    failed = 0
+    timeout = aiohttp.ClientTimeout(total=300)
+    connector = aiohttp.TCPConnector(limit=concurrency * 2)
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+
+        async def worker() -> None:
+            nonlocal failed
+            for i in next_index:
+                if i >= len(bodies):
+                    return
+                url = f"{targets[i % len(targets)]}/v1/completions"
+                try:
+                    async with http.post(url, data=bodies[i], headers=headers) as r:
+                        await r.read()
+                        failed += r.status != 200
+                except aiohttp.ClientError:
+                    failed += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return failed
+
+
+def start_replicas(
+    run: Run, engines: list[Proc], policy: Path, tmp: Path, procs: list[Proc], preset: str
+) -> list[Proc]:
+    backends = [a for e in engines for a in ("--backend", e.url)]
+    gossip_ports = [free_port() for _ in range(run.replicas)]
+    replicas = []
+    for i in range(run.replicas):
+        args = ["serve", "--host", "127.0.0.1", "--policy", str(policy), *backends]
+        args += ["--log-level", "warning"]
+        if run.gossip:
+            args += ["--gossip-port", str(gossip_ports[i]), "--gossip-preset", preset]
+            if i:
+                args += ["--gossip-peer", f"127.0.0.1:{gossip_ports[0]}"]
+        env = {"KVROUTER_GOSSIP_SECRET": SECRET}
+        proc = start_kvrouter(args, tmp, env=env, ready_path="/ready", timeout=60)
+        procs.append(proc)
+        replicas.append(proc)
+    for proc in replicas:
+        wait(lambda p=proc: ready_on(p, len(engines)), f"every engine healthy at {proc.url}")
+        if run.gossip:
+            wait(lambda p=proc: alive_peers(p) == run.replicas - 1, f"{proc.url} sees the rest")
+    return replicas
+
+
+def ready_on(proc: Proc, engines: int) -> bool:
+    return bool(http_json(f"{proc.url}/ready")["healthy_backends"] == engines)
+
+
+def alive_peers(proc: Proc) -> float:
+    return metric(proc, 'kvrouter_gossip_peers{state="alive"}')
+
+
+def one_run(
+    run: Run,
+    bodies: list[bytes],
+    engines: list[Proc],
+    policy: Path,
+    tmp: Path,
+    concurrency: int,
+    preset: str,
+) -> Result:
+    for e in engines:
+        http_json(f"{e.url}/reset", {})
+    with running([]) as procs:
+        replicas = start_replicas(run, engines, policy, tmp, procs, preset)
+        t0 = time.perf_counter()
+        failed = asyncio.run(replay(bodies, [r.url for r in replicas], concurrency))
+        seconds = time.perf_counter() - t0
+        for r in replicas:
+            if r.stop() != 0:
+                raise RuntimeError(f"replica {r.url} did not exit cleanly:\n{r.log()[-2000:]}")
+    stats = [http_json(f"{e.url}/stats") for e in engines]
+    counts = [s["requests"] for s in stats]
+    mean = sum(counts) / len(counts)
+    return Result(
+        run=run,
+        requests=len(bodies),
+        failed=failed,
+        prompt_tokens=sum(s["prompt_tokens"] for s in stats),
+        cached_tokens=sum(s["cached_tokens"] for s in stats),
+        busiest_share=max(counts) / mean if mean else 0.0,
+        seconds=seconds,
+    )
+
+
+def table(results: list[Result]) -> Iterator[str]:
+    single = next((r.hit_ratio for r in results if r.run.name == "single"), 0.0)
+    head = ["run", "replicas", "gossip", "requests", "failed", "hit ratio", "vs single"]
+    head += ["busiest/mean", "req/s"]
+    rows = [
+        [
+            r.run.name,
+            str(r.run.replicas),
+            "on" if r.run.gossip else "off",
+            str(r.requests),
+            str(r.failed),
+            f"{r.hit_ratio:.4f}",
+            f"{r.hit_ratio / single:.3f}" if single else "-",
+            f"{r.busiest_share:.2f}",
+            f"{r.requests / r.seconds:.1f}",
+        ]
+        for r in results
+    ]
+    yield "| " + " | ".join(head) + " |"
+    yield "|" + "---|" * len(head)
+    for row in rows:
+        yield "| " + " | ".join(row) + " |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trace", default="../shared/data/conversation_trace.jsonl")
+    p.add_argument("--requests", type=int, default=3000, help="first N records of the trace")
+    p.add_argument("--concurrency", type=int, default=16, help="requests in flight")
+    p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument(
+        "--kv-capacity-tokens",
+        type=int,
+        default=400_000,
+        help="each engine's prefix cache, in engine tokens (words)",
+    )
+    p.add_argument("--max-tokens", type=int, default=16, help="cap on each request's output")
+    p.add_argument(
+        "--preset",
+        default="local",
+        choices=("local", "lan"),
+        help="gossip timing (local: replicas on one host, as here; lan: the cluster default)",
+    )
+    p.add_argument(
+        "--cold-prefix",
+        default="score",
+        choices=("score", "ring"),
+        help="the policy's cold_prefix (score: the kv-aware preset as shipped)",
+    )
+    p.add_argument("--json", action="store_true", help="print the results as JSON too")
+    args = p.parse_args(argv)
+
+    bodies = load_bodies(Path(args.trace), args.requests, args.max_tokens)
+    runs = [
+        Run("single", 1, gossip=False),
+        Run("gossip-on", args.replicas, gossip=True),
+        Run("gossip-off", args.replicas, gossip=False),
+    ]
+    engine_flags = [
+        "--kv-capacity-tokens", str(args.kv_capacity_tokens),
+        "--prefill-tokens-per-s", str(PREFILL_TOKENS_PER_S),
+        "--decode-tokens-per-s", str(DECODE_TOKENS_PER_S),
+        "--max-batch", str(MAX_BATCH),
+        "--model", MODEL,
+    ]  # fmt: skip
+    results = []
+    with tempfile.TemporaryDirectory() as tmp, running([]) as procs:
+        tmp_path = Path(tmp)
+        engines = [
+            start_kvrouter(["engine-sim", *engine_flags], tmp_path) for _ in range(args.engines)
+        ]
+        procs.extend(engines)
+        policy = tmp_path / "policy.yaml"
+        write_policy(policy, args.kv_capacity_tokens, args.cold_prefix)
+        for run in runs:
+            r = one_run(run, bodies, engines, policy, tmp_path, args.concurrency, args.preset)
+            print(
+                f"{run.name}: hit ratio {r.hit_ratio:.4f}, {r.failed} failed, {r.seconds:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+            results.append(r)
+
+    print(
+        f"{args.requests} requests of {Path(args.trace).name}, {args.engines} engine-sims "
+        f"({args.kv_capacity_tokens:,} tokens of cache each), concurrency {args.concurrency}, "
+        f"round-robin over the replicas, gossip preset {args.preset}, "
+        f"kv-aware with cold_prefix: {args.cold_prefix}\n"
+    )
+    for line in table(results):
+        print(line)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "run": r.run.name,
+                        "replicas": r.run.replicas,
+                        "gossip": r.run.gossip,
+                        "hit_ratio": r.hit_ratio,
+                        "failed": r.failed,
+                        "busiest_share": r.busiest_share,
+                        "seconds": r.seconds,
+                    }
+                    for r in results
+                ],
+                indent=2,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
