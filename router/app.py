@@ -202,7 +202,7 @@ def _generation(route: str) -> Callable[[web.Request], Awaitable[web.StreamRespo
             status = outcome.status or resp.status
             return resp
         except asyncio.CancelledError:
-            status = CLIENT_GONE
+            status = outcome.status if outcome.delivered else CLIENT_GONE
             raise
         except Exception as exc:
             if not isinstance(exc, GatewayError):

@@ -19,6 +19,7 @@ connection is closed at once, so the engine stops generating too).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,9 +43,13 @@ from router.errors import (
 from router.inbound import Inbound, session_of
 from router.metrics import Metrics
 from router.relay import UsageTail, body_usage, client_headers, engine_headers
+from router.sse import DONE
 from router.upstream import Upstream, UpstreamRequest, UpstreamResponse
 
 log = logging.getLogger(__name__)
+
+# The last event of an OpenAI stream, as engines frame it.
+STREAM_END = DONE.rstrip()
 
 # A non-streamed answer is buffered; embeddings of large batches are the biggest in practice.
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024
@@ -59,6 +64,9 @@ class Outcome:
     """How a proxied request ended, for metrics: the status the client saw."""
 
     status: int = 0
+    # The client has the whole answer (an event stream's [DONE] went out): a disconnect after
+    # this point is the client being done, not the client giving up.
+    delivered: bool = False
 
 
 class Proxy:
@@ -244,9 +252,14 @@ class Proxy:
                     if ttft:
                         self.metrics.ttft.observe(self.clock() - t0)
                         ttft = False
+                    if chunk.rstrip().endswith(STREAM_END):
+                        # The client may hang up the moment it reads this (the openai client
+                        # does); the request is answered now, not when the engine closes.
+                        self._delivered(route, engine, resp.status, tail, outcome)
                     chunk = await self._next_chunk(resp, engine)
                     if not chunk:
-                        await out.write_eof()
+                        with contextlib.suppress(ConnectionResetError):
+                            await out.write_eof()
                         break
                     tail.feed(chunk)
             except UpstreamError as e:
@@ -257,12 +270,24 @@ class Proxy:
                 await out.write_eof(stream_error(e))
                 return out, False
         except ConnectionResetError:
+            if outcome.delivered:
+                return out, False
             log.debug("%s: client left during the stream from %s", route, engine)
             outcome.status = CLIENT_GONE
             return out, False
         if ttft:
             self.metrics.ttft.observe(self.clock() - t0)
-        self._answered(engine, resp.status)
+        self._delivered(route, engine, resp.status, tail, outcome)
+        return out, True
+
+    def _delivered(
+        self, route: str, engine: str, status: int, tail: UsageTail, outcome: Outcome
+    ) -> None:
+        """Count a stream the client has in full (once, whichever end is seen first)."""
+        if outcome.delivered:
+            return
+        outcome.delivered = True
+        outcome.status = status
+        self._answered(engine, status)
         if route in GENERATION_ROUTES:
             self._count_usage(tail.usage())
-        return out, True

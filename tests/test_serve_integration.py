@@ -206,6 +206,37 @@ def test_openai_chat_stream_and_not(fleet: Fleet) -> None:
     assert_inflight_zero(fleet.router)
 
 
+def test_openai_stream_read_to_done_counts_as_success_with_usage(
+    tmp_path: Path, procs: list[Proc]
+) -> None:
+    # The openai client closes the connection as soon as it reads [DONE]; the router must
+    # still count the request as answered and take the engine's usage into its totals. A timed
+    # engine sends the end of its stream after the last event, which is where the race was.
+    timed = ("--prefill-tokens-per-s", "1000000", "--decode-tokens-per-s", "400")
+    fleet = start_fleet(tmp_path, procs, n=1, engine_args=timed)
+    ok = metric(fleet.router, "kvrouter_requests_total", route=CHAT, code="200")
+    prompt = metric(fleet.router, "kvrouter_prompt_tokens_total")
+    cached = metric(fleet.router, "kvrouter_cached_tokens_total")
+    seen_prompt = seen_cached = 0
+    with fleet.client() as c:
+        for i in range(6):
+            stream = c.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "q"}],
+                max_tokens=2 + i % 2,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            usage = [ch.usage for ch in stream if ch.usage is not None][-1]
+            seen_prompt += usage.prompt_tokens
+            details = usage.prompt_tokens_details
+            seen_cached += details.cached_tokens or 0 if details is not None else 0
+    assert metric(fleet.router, "kvrouter_requests_total", route=CHAT, code="200") - ok == 6
+    assert metric(fleet.router, "kvrouter_prompt_tokens_total") - prompt == seen_prompt
+    assert metric(fleet.router, "kvrouter_cached_tokens_total") - cached == seen_cached > 0
+    assert_inflight_zero(fleet.router)
+
+
 def test_openai_completions_stream_and_not_embeddings_models(fleet: Fleet) -> None:
     with fleet.client() as c:
         full = c.completions.create(model=MODEL, prompt="a b c", max_tokens=2)
