@@ -66,6 +66,7 @@ from router import sse
 from router.core.blocks import RequestShapeError, RoutingText, chain_keys, namespace_seed
 from router.core.blocks import routing_text as canonical_routing_text
 from router.core.engine_model import EngineClock, EngineSpec, PrefixCache, Schedule
+from router.eventloop import loop_factory
 
 log = logging.getLogger(__name__)
 
@@ -996,15 +997,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--fast", action="store_true", help="no delays; the cache and stats still work")
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
-
-
 async def _serve_until_signalled(settings: SimSettings, host: str, port: int) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -1023,7 +1015,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvrouter engine-sim: {exc}", file=sys.stderr)
         return 2
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(_serve_until_signalled(settings, args.host, args.port))
     except OSError as exc:
         print(
