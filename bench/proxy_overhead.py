@@ -7,14 +7,16 @@ Starts ``kvrouter engine-sim --fast`` (no model delays, so what is measured is p
    router on keep-alive connections; TTFT is the time from sending the request to the first
    ``data:`` bytes. Reports p50 and p99 of each and the router's added p50 / p99.
 2. load: at each concurrency, a fixed number of streamed requests through the router; reports
-   throughput and the router process's CPU time per request (utime + stime from
-   /proc/<pid>/stat before and after; Linux only).
+   throughput and the router's CPU time per request (utime + stime from /proc/<pid>/stat
+   before and after, summed over the router process and its children, so that with
+   ``--workers N`` every worker counts; Linux only).
 
 The client, the router and the engine share this machine's cores, so absolute numbers move
 with the machine; compare rows of one run.
 
     python -m bench.proxy_overhead [--requests 300] [--load-requests 2000]
                                    [--concurrency 32 256] [--prompt-chars 2000]
+                                   [--workers N]
 """
 
 from __future__ import annotations
@@ -23,10 +25,15 @@ import argparse
 import asyncio
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
-from bench.common import chat_body, closed_loop, cpu_seconds, interleaved, pct
+from bench.common import chat_body, closed_loop, interleaved, pct, tree_cpu_seconds
 from tests.support import Proc, running, start_kvrouter
+
+# With several workers, /ready answers 200 this many times in a row on fresh connections
+# (each reaches a worker the kernel picks) before anything is measured.
+READY_IN_A_ROW = 50
 
 
 async def latency(
@@ -55,13 +62,27 @@ async def load(
         total,
         concurrency,
         lambda i: chat_body(i, prompt_chars, max_tokens),
-        lambda: cpu_seconds(pid),
+        lambda: tree_cpu_seconds(pid),
     )
     return {
         "requests_per_s": r.requests_per_s,
         "cpu_ms_per_request": r.cpu_ms_per_request or 0.0,
         "failures": r.failures,
     }
+
+
+def wait_all_ready(url: str, attempts: int = 2000) -> None:
+    """Until /ready answers 200 ``READY_IN_A_ROW`` times in a row (every worker is ready)."""
+    in_a_row = 0
+    for _ in range(attempts):
+        try:
+            with urllib.request.urlopen(f"{url}/ready", timeout=5) as r:
+                in_a_row = in_a_row + 1 if r.status == 200 else 0
+        except OSError:
+            in_a_row = 0
+        if in_a_row >= READY_IN_A_ROW:
+            return
+    raise RuntimeError(f"{url}/ready: not ready on every worker")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[32, 256])
     p.add_argument("--prompt-chars", type=int, default=2000)
     p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--workers", type=int, default=1, help="kvrouter serve --workers N")
     args = p.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp, running([]) as procs:
@@ -78,11 +100,22 @@ def main(argv: list[str] | None = None) -> int:
         engine = start_kvrouter(["engine-sim", "--fast"], tmp_path)
         procs.append(engine)
         router: Proc = start_kvrouter(
-            ["serve", "--host", "127.0.0.1", "--backend", engine.url, "--log-level", "warning"],
+            [
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--backend",
+                engine.url,
+                "--log-level",
+                "warning",
+                "--workers",
+                str(args.workers),
+            ],
             tmp_path,
             ready_path="/ready",
         )
         procs.append(router)
+        wait_all_ready(router.url)
         lat = asyncio.run(
             latency(engine.url, router.url, args.requests, args.prompt_chars, args.max_tokens)
         )
@@ -116,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{(lat['router_p99'] - lat['direct_p99']) * ms:8.3f}"
     )
     print()
-    print(f"Through the router, {args.load_requests} streamed requests per row")
+    print(
+        f"Through the router ({args.workers} worker(s)), "
+        f"{args.load_requests} streamed requests per row"
+    )
     print(f"  {'concurrency':>11} {'req/s':>9} {'router CPU ms/req':>18} {'failures':>9}")
     for c, r in rows:
         rps, cpu, failed = r["requests_per_s"], r["cpu_ms_per_request"], int(r["failures"])

@@ -10,6 +10,9 @@ Several replicas behind one Service route as one with gossip (``router.replicas`
 ``--gossip-port`` (or ``gossip.enabled`` in the file) turns it on; peers come from
 ``--gossip-peer`` seeds and a re-resolved ``--gossip-dns`` name; the shared secret comes from
 the environment (KVROUTER_GOSSIP_SECRET), or mutual TLS from the file's ``gossip.tls``.
+
+``--workers N`` (N > 1) runs N such gateways as processes sharing the listening port
+(SO_REUSEPORT) and gossiping with each other on loopback (``router.workers``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -37,6 +39,7 @@ from router.config import (
     with_overrides,
 )
 from router.core.policy import PolicyError
+from router.eventloop import loop_factory
 from router.presets import DEFAULT, NAMES, resolve
 
 if TYPE_CHECKING:
@@ -69,6 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--host", help=f"address to listen on (default {DEFAULT_HOST}: every interface)")
     add("--port", type=int, help=f"TCP port to listen on (default {DEFAULT_PORT})")
+    add(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes sharing the port, gossiping with each other as replicas of one "
+        "fleet (default: %(default)s, a single process)",
+    )
     g = parser.add_argument_group(
         "gossip between router replicas",
         "Share recorded prefixes and in-flight load with the other replicas, so that they "
@@ -147,17 +158,13 @@ def gossip_from(cfg: Config) -> GossipConfig | None:
     return gossip_config(cfg, os.environ)
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
+async def serve(
+    cfg: Config, gossip: GossipConfig | None = None, *, reuse_port: bool = False
+) -> None:
+    """Run the gateway (a replica of a gossiping fleet with ``gossip``) until SIGTERM/SIGINT.
 
-
-async def serve(cfg: Config, gossip: GossipConfig | None = None) -> None:
-    """Run the gateway (a replica of a gossiping fleet with ``gossip``) until SIGTERM/SIGINT."""
+    ``reuse_port``: listen with SO_REUSEPORT, so that sibling worker processes share the port.
+    """
     gw = Gateway(cfg, resolve(cfg.policy), gossip=gossip)
     # A disconnecting client must cancel its handler, so the engine's request is cancelled too.
     runner = web.AppRunner(
@@ -177,7 +184,7 @@ async def serve(cfg: Config, gossip: GossipConfig | None = None) -> None:
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, gw.watcher.request)
     try:
-        site = web.TCPSite(runner, cfg.listen.host, cfg.listen.port)
+        site = web.TCPSite(runner, cfg.listen.host, cfg.listen.port, reuse_port=reuse_port or None)
         await site.start()
         log.info(
             "listening on %s:%d; policy %s from %s; %d static backend(s)%s",
@@ -197,22 +204,36 @@ async def serve(cfg: Config, gossip: GossipConfig | None = None) -> None:
         await runner.cleanup()
 
 
-def run(args: argparse.Namespace) -> int:
-    """Serve until stopped; exit 2 on a bad config or policy, 1 when the port is unusable."""
+def setup_logging(level: str, tag: str = "") -> None:
+    """Log to stderr at ``level``; ``tag`` (e.g. ``[worker 1]``) follows the logger's name."""
     logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=level.upper(),
+        format=f"%(asctime)s %(levelname)s %(name)s{tag}: %(message)s",
         stream=sys.stderr,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until stopped; exit 2 on a bad config or policy, 1 when the port is unusable."""
+    setup_logging(args.log_level)
     try:
         cfg = config_from_args(args)
+        if args.workers != 1:
+            from router.workers import supervise
+
+            return supervise(cfg, args.workers, args.log_level)
         gossip = gossip_from(cfg)
     except ConfigError as e:
         print(f"kvrouter serve: {e}", file=sys.stderr)
         return 2
+    return run_gateway(cfg, gossip)
+
+
+def run_gateway(cfg: Config, gossip: GossipConfig | None, *, reuse_port: bool = False) -> int:
+    """Serve ``cfg`` in this process until stopped; the exit code (2 bad policy, 1 bad port)."""
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(serve(cfg, gossip))
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(serve(cfg, gossip, reuse_port=reuse_port))
     except PolicyError as e:
         print(f"kvrouter serve: {e}", file=sys.stderr)
         return 2
