@@ -8,6 +8,7 @@ test ends, whatever happened in it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -16,9 +17,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
@@ -115,3 +120,50 @@ def running(procs: list[Proc]) -> Iterator[list[Proc]]:
     finally:
         for p in reversed(procs):
             p.stop()
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll ``check`` until it holds (bounded by ``timeout``); fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def http_json(url: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
+    """GET ``url`` (POST ``body`` as JSON when given) and parse the JSON answer."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={**(headers or {})})
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def metrics_text(proc: Proc) -> str:
+    """The process's Prometheus exposition."""
+    with urllib.request.urlopen(f"{proc.url}/metrics", timeout=10) as r:
+        text: str = r.read().decode()
+    return text
+
+
+def metric_in(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def metric(proc: Proc, name: str, **labels: str) -> float:
+    return metric_in(metrics_text(proc), name, **labels)
+
+
+async def ametric(proc: Proc, name: str, **labels: str) -> float:
+    """``metric`` without blocking the event loop (load runs on it meanwhile)."""
+    async with aiohttp.ClientSession() as http, http.get(f"{proc.url}/metrics") as r:
+        return metric_in(await r.text(), name, **labels)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Proc, start_kvrouter
-from tests.test_serve_integration import readiness, wait_until
+from tests.support import Proc, start_kvrouter, wait_until
+from tests.test_serve_integration import readiness
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,19 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.chart_support import ROUTER_METRICS
-from tests.support import ROOT, Proc, free_port, running, start_kvrouter
+from tests.support import (
+    ROOT,
+    Proc,
+    ametric,
+    free_port,
+    http_json,
+    metric,
+    metric_in,
+    metrics_text,
+    running,
+    start_kvrouter,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -48,43 +59,6 @@ gossip:
   peers: ["127.0.0.1:{seed}"]
   preset: local
 """
-
-
-def http_json(url: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={**(headers or {})})
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
-
-
-def scrape(proc: Proc) -> str:
-    with urllib.request.urlopen(f"{proc.url}/metrics", timeout=10) as r:
-        text: str = r.read().decode()
-    return text
-
-
-def metric_in(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
-
-
-def metric(proc: Proc, name: str, **labels: str) -> float:
-    return metric_in(scrape(proc), name, **labels)
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def chat(system: str, user: str = "hello") -> dict[str, Any]:
@@ -213,7 +187,7 @@ def test_prefix_routed_through_a_b_and_c_route_it_to_the_same_engine(fleet: Flee
 
 
 def test_metrics_gossip_series_exported_and_in_the_contract(fleet: Fleet) -> None:
-    text = scrape(fleet.replicas["a"].live)
+    text = metrics_text(fleet.replicas["a"].live)
     fams = {f.name: f.type for f in text_string_to_metric_families(text)}
     assert metric_in(text, "kvrouter_gossip_rounds_total") > 0
     assert metric_in(text, "kvrouter_gossip_bytes_total", direction="in") > 0
@@ -258,11 +232,6 @@ async def drive(targets: list[Proc], load: Load, limit: int) -> None:
                     load.results.append(599)
 
         await asyncio.gather(*(worker(w) for w in range(4)))
-
-
-async def ametric(proc: Proc, name: str, **labels: str) -> float:
-    async with aiohttp.ClientSession() as http, http.get(f"{proc.url}/metrics") as r:
-        return metric_in(await r.text(), name, **labels)
 
 
 async def test_replica_killed_under_load_survivors_mark_it_dead_no_request_fails(
@@ -322,7 +291,7 @@ def test_replica_restarted_catches_up_on_what_was_routed_while_it_was_down(
     wait_until(lambda: fleet.all_see(2, "a", "b", "c"), "the restarted replica alive again")
     wait_until(lambda: fleet.engine_of("c", body)[1][engine] > 0, "c catches up")
     assert fleet.engine_of("c", body)[0] == engine
-    text = scrape(c)
+    text = metrics_text(c)
     caught_up = metric_in(text, "kvrouter_gossip_deltas_total", result="applied") + metric_in(
         text, "kvrouter_gossip_snapshots_total", direction="received"
     )
@@ -347,7 +316,7 @@ def test_wrong_secret_replica_refused_never_alive(fleet: Fleet) -> None:
         alive_seen: set[float] = set()
 
         def refused_enough() -> bool:
-            text = scrape(a)
+            text = metrics_text(a)
             alive_seen.add(metric_in(text, PEERS, state="alive"))
             return metric_in(text, "kvrouter_gossip_refused_total", reason="mac") >= refused + 3
 

@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -28,7 +27,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.presets import preset_path
-from tests.support import Proc, running, start_kvrouter
+from tests.support import (
+    Proc,
+    ametric,
+    http_json,
+    metric,
+    metrics_text,
+    running,
+    start_kvrouter,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -49,15 +57,6 @@ limits: {{max_body_bytes: 65536, max_attempts: 3}}
 """
 
 
-def http_json(url: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={**(headers or {})})
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
-
-
 def readiness(router: Proc) -> dict[str, Any]:
     """The gateway's /ready body, whether it answers 200 or 503."""
     try:
@@ -68,45 +67,11 @@ def readiness(router: Proc) -> dict[str, Any]:
     return result
 
 
-def metrics(router: Proc) -> str:
-    with urllib.request.urlopen(f"{router.url}/metrics", timeout=10) as r:
-        text: str = r.read().decode()
-    return text
-
-
-def metric(router: Proc, name: str, **labels: str) -> float:
-    return metric_in(metrics(router), name, **labels)
-
-
-async def ametric(router: Proc, name: str, **labels: str) -> float:
-    """``metric`` without blocking the event loop (load runs on it meanwhile)."""
-    async with aiohttp.ClientSession() as http, http.get(f"{router.url}/metrics") as r:
-        return metric_in(await r.text(), name, **labels)
-
-
-def metric_in(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
-
-
-def wait_until(check: Any, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def assert_inflight_zero(router: Proc) -> None:
     """Every in-flight gauge back at zero (the load of every request was given back)."""
 
     def zero() -> bool:
-        fams = text_string_to_metric_families(metrics(router))
+        fams = text_string_to_metric_families(metrics_text(router))
         samples = [
             s for f in fams if f.name.startswith("kvrouter_backend_inflight") for s in f.samples
         ]
@@ -351,7 +316,7 @@ def test_metrics_pass_promtool(fleet: Fleet) -> None:
         pytest.skip("promtool is not installed")
     out = subprocess.run(
         [promtool, "check", "metrics"],
-        input=metrics(fleet.router).encode(),
+        input=metrics_text(fleet.router).encode(),
         capture_output=True,
         timeout=30,
         check=False,

@@ -8,12 +8,10 @@ test asserts on durations, and every process is stopped at the end.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from router.config import Config, ConfigError
 from router.gossip import PRESETS
 from router.serve import config_from_args
 from router.workers import STOP_GRACE_S, supervise, worker_gossip
-from tests.support import Proc, running, start_kvrouter
+from tests.support import Proc, http_json, running, start_kvrouter, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -35,15 +33,6 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 CHAT = "/v1/chat/completions"
 SYSTEM = " ".join(f"rule{i} keep answers short and exact" for i in range(60))
 LAG = "kvrouter_gossip_convergence_lag_seconds"
-
-
-def http_json(url: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={**(headers or {})})
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
 
 
 def samples(proc: Proc, name: str) -> list[tuple[dict[str, str], float]]:
@@ -56,15 +45,6 @@ def samples(proc: Proc, name: str) -> list[tuple[dict[str, str], float]]:
         for s in fam.samples
         if s.name == name
     ]
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def chat(system: str, user: str = "hello") -> dict[str, Any]:
