@@ -54,6 +54,8 @@ LOOPBACK = "127.0.0.1"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # After the first worker exits, how long the others get to drain before they are killed.
 STOP_GRACE_S = 20.0
+# How often the supervisor looks at its workers even when no sentinel woke it.
+POLL_S = 0.5
 
 
 def _free_ports(n: int) -> list[int]:
@@ -200,26 +202,31 @@ def supervise(cfg: Config, n: int, level: str) -> int:
         first: BaseProcess | None = None
         deadline: float | None = None
         while True:
-            alive = [p for p in procs if p.exitcode is None]
-            if not alive:
-                break
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            multiprocessing.connection.wait([p.sentinel for p in alive], timeout)
-            if deadline is not None and time.monotonic() >= deadline:
-                for p in procs:
-                    if p.exitcode is None:
-                        log.warning("worker %s did not stop in time: killing it", p.name)
-                        p.kill()
-                deadline = None
-            for p in alive:
-                if p.exitcode is not None and first is None:
-                    first = p
+            # Look at every worker, not only those alive at the last look: a sentinel fires
+            # while the process is still exiting, before waitpid can see it gone, so a death
+            # is often first visible one turn later.
+            if first is None:
+                first = next((p for p in procs if p.exitcode is not None), None)
+                if first is not None:
                     if not stopping:
                         log.warning(
-                            "worker %s exited (code %s): stopping the others", p.name, p.exitcode
+                            "worker %s exited (code %s): stopping the others",
+                            first.name,
+                            first.exitcode,
                         )
                     forward(signal.SIGTERM, None)
                     deadline = time.monotonic() + STOP_GRACE_S
+            alive = [p for p in procs if p.exitcode is None]
+            if not alive:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                for p in alive:
+                    log.warning("worker %s did not stop in time: killing it", p.name)
+                    p.kill()
+                deadline = None
+            # The sentinels wake us when a worker exits; the poll interval is a backstop.
+            timeout = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            multiprocessing.connection.wait([p.sentinel for p in alive], max(0.0, timeout))
         for p in procs:
             p.join()
     finally:
