@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from router.core.fields import Fields, parse_yaml, show
+from router.core.fields import Fields, parse_yaml, read_yaml_file, show
 from router.presets import DEFAULT as DEFAULT_POLICY
 
 # A server in a pod must listen on every interface to be reachable through its Service.
@@ -372,12 +372,8 @@ def load_config_text(text: str, where: str) -> Config:
 
 def load_config(path: str | Path) -> Config:
     """Read and parse a config file."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: cannot read: {e}") from None
-    return load_config_text(text, str(p))
+    data, where = read_yaml_file(path, ConfigError)
+    return parse_config(data, where)
 
 
 def with_overrides(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar, NoReturn, Self
 
 import yaml
@@ -30,6 +31,19 @@ def parse_yaml(text: str, where: str, error: type[ValueError]) -> Any:
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e)
         raise error(f"{where}: {at}invalid YAML: {problem}") from None
+
+
+def read_yaml_file(path: str | Path, error: type[ValueError]) -> tuple[Any, str]:
+    """A YAML file's parsed content and its name for messages; ``error`` on any failure.
+
+    The one file read of the core's loaders (policies and configs are read whole, once).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise error(f"{p}: cannot read: {e}") from None
+    return parse_yaml(text, str(p), error), str(p)
 
 
 class Fields:

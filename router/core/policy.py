@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from router.core.blocks import CHARS_PER_TOKEN
-from router.core.fields import Fields, parse_yaml
+from router.core.fields import Fields, parse_yaml, read_yaml_file
 
 # 512 characters, about 128 tokens. Measured with `kvrouter simulate` (bench/RESULTS.md):
 # 128 to 1024 give the same hit ratio on chat and Mooncake workloads, and each halving of the
@@ -187,9 +187,5 @@ def load_policy_text(text: str, where: str) -> Policy:
 
 def load_policy(path: str | Path) -> Policy:
     """Read and parse a policy file."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise PolicyError(f"{p}: cannot read: {e}") from None
-    return load_policy_text(text, str(p))
+    data, where = read_yaml_file(path, PolicyError)
+    return parse_policy(data, where)
