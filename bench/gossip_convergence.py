@@ -1,6 +1,6 @@
 """Gossip convergence and bandwidth for 3, 8, 16 and 32 in-process replicas.
 
-Each replica is a real BlockIndex + LoadBook + IndexBridge + GossipNode (the LAN preset, i.e.
+Each replica is a real BlockIndex + LoadBook + IndexDelegate + GossipNode (the LAN preset, i.e.
 the default settings); they talk over the in-memory network on a virtual clock, so the
 numbers are the protocol's, not this machine's CPU's. The fleet routes ``--rate`` requests/s
 in total (each picks a random replica, records ``--keys`` blocks on one of ``--engines``
@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 
 from router.gossip.clock import ManualClock
 from router.gossip.config import LAN
-from router.gossip.fleet import Fleet, Replica
 from router.gossip.wire import pb
+from tests.replica_fleet import Fleet, Replica
 
 
 @dataclass(frozen=True)

@@ -79,8 +79,8 @@ from bench.common import (
 )
 from router.core.blocks import CHARS_PER_TOKEN
 from router.core.workload import TraceRequest, from_mooncake, mooncake_body
+from router.gateway.sse import Decoder
 from router.presets import preset_path
-from router.sse import Decoder
 from tests.support import LOOPBACK, Proc, free_port, running, start_kvrouter
 
 MODEL = "sim-model"

@@ -13,11 +13,11 @@ import argparse
 import time
 from pathlib import Path
 
+from router.commands.traces import read_trace
 from router.core.engine_model import EngineSpec
 from router.core.policy import load_policy
 from router.core.simulator import Fleet, SimResult, simulate
 from router.presets import NAMES, preset_path
-from router.traces import read_trace
 
 TRACES = ("conversation_trace.jsonl", "synthetic_trace.jsonl")
 HEADER = "| policy | hit ratio | TTFT p50 | TTFT p99 | imbalance | decision p50 | p99 |"

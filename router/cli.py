@@ -13,11 +13,14 @@ from collections.abc import Sequence
 
 # subcommand -> module with ``add_arguments(parser)`` and ``run(args) -> int``
 _COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("router.serve", "run the gateway in front of OpenAI-compatible engines"),
-    "engine-sim": ("router.engine_sim", "run a simulated OpenAI-compatible engine"),
-    "simulate": ("router.simulate", "replay a trace through the routing core offline"),
-    "policy": ("router.policy_cli", "validate policy files"),
-    "demo": ("router.demo", "start engines and a router, drive a workload, compare policies"),
+    "serve": ("router.commands.serve", "run the gateway in front of OpenAI-compatible engines"),
+    "engine-sim": ("router.enginesim.app", "run a simulated OpenAI-compatible engine"),
+    "simulate": ("router.commands.simulate", "replay a trace through the routing core offline"),
+    "policy": ("router.commands.policy", "validate policy files"),
+    "demo": (
+        "router.commands.demo",
+        "start engines and a router, compare policies live",
+    ),
 }
 
 

@@ -10,9 +10,10 @@ its deltas; a number seen before is ignored) and deltas of one origin may arrive
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from router.core.lru import LruKeys
+from router.core.seq import SeqWindow
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,35 +26,6 @@ class Delta:
     added: tuple[int, ...] = ()
     removed: tuple[int, ...] = ()
     cleared: bool = False
-
-
-@dataclass(slots=True)
-class SeqWindow:
-    """The sequence numbers seen from one origin: all up to ``floor``, and some above it.
-
-    Bounded: when more than ``limit`` numbers wait above a gap, the floor jumps past the gap
-    (a delta lost that long ago is repaired by anti-entropy, not by waiting for it).
-    """
-
-    floor: int = 0
-    above: set[int] = field(default_factory=set)
-    limit: int = 4096
-
-    def add(self, seq: int) -> bool:
-        """Record ``seq``; False when it was seen before."""
-        if seq <= self.floor or seq in self.above:
-            return False
-        self.above.add(seq)
-        while self.floor + 1 in self.above:
-            self.floor += 1
-            self.above.discard(self.floor)
-        if len(self.above) > self.limit:
-            self.floor = min(self.above)
-            self.above.discard(self.floor)
-            while self.floor + 1 in self.above:
-                self.floor += 1
-                self.above.discard(self.floor)
-        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,10 +220,4 @@ class BlockIndex:
         window = self._seen.get(origin)
         if window is None:
             window = self._seen[origin] = SeqWindow()
-        if seq <= window.floor:
-            return
-        window.floor = seq
-        window.above = {s for s in window.above if s > seq}
-        while window.floor + 1 in window.above:
-            window.floor += 1
-            window.above.discard(window.floor)
+        window.advance(seq)

@@ -12,14 +12,12 @@ Cut like hashicorp/memberlist, one concern per module:
 - ``snapshot``: bounded snapshot sessions for catch-up.
 - ``discovery``: seeds and a re-resolved DNS name.
 - ``node``: ``GossipNode``, which ties them together behind ``start``/``stop``.
-- ``delegate``: the application's hooks; ``bridge``: those hooks for BlockIndex and LoadBook.
+- ``delegate``: the application's hooks (the router's are ``router.gateway.gossip_delegate``).
 - ``stats``: counters and gauges, and their ``kvrouter_gossip_*`` series.
-- ``fleet``: many replicas in one process on a virtual clock, for tests and benches.
 
 The wire protocol is proto/gossip.proto.
 """
 
-from router.gossip.bridge import IndexBridge, run_origin
 from router.gossip.clock import Clock, ManualClock, SystemClock
 from router.gossip.config import (
     LAN,
@@ -53,7 +51,6 @@ __all__ = [
     "GossipStats",
     "GrpcTransport",
     "InMemoryNetwork",
-    "IndexBridge",
     "ManualClock",
     "Member",
     "Sample",
@@ -63,7 +60,6 @@ __all__ = [
     "Transport",
     "TransportError",
     "Tuning",
-    "run_origin",
     "samples",
     "secret_from_env",
     "transport_for",

@@ -12,19 +12,8 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from router.core.index import SeqWindow
+from router.core.seq import SeqWindow
 from router.gossip.wire import pb
-
-
-def advance_window(window: SeqWindow, floor: int) -> None:
-    """Count every seq up to ``floor`` as seen (they arrived in a snapshot)."""
-    if floor <= window.floor:
-        return
-    window.floor = floor
-    window.above = {s for s in window.above if s > floor}
-    while window.floor + 1 in window.above:
-        window.floor += 1
-        window.above.discard(window.floor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +82,7 @@ class DeltaStore:
             window = self._windows.get(origin)
             if window is None:
                 window = self._windows[origin] = SeqWindow()
-            advance_window(window, floor)
+            window.advance(floor)
         while len(self._windows) > self.max_origins:
             self._forget(next(iter(self._windows)))
 

@@ -1,0 +1,155 @@
+"""``kvrouter serve``: the gateway in front of OpenAI-compatible engines.
+
+Configuration comes from an optional YAML file (``--config``, see ``router.gateway.config``) and
+flags; a flag replaces the file's value. It listens on 0.0.0.0:8000 by default (what a server in a
+pod needs; pass ``--host 127.0.0.1`` to keep it on this machine). SIGTERM and SIGINT stop it
+gracefully (``/ready`` turns 503, in-flight requests get ``SHUTDOWN_GRACE_S`` to finish);
+SIGHUP reloads the policy file at once.
+
+Several replicas behind one Service route as one with gossip (``router.gateway.replicas``):
+``--gossip-port`` (or ``gossip.enabled`` in the file) turns it on; peers come from
+``--gossip-peer`` seeds and a re-resolved ``--gossip-dns`` name; the shared secret comes from
+the environment (KVROUTER_GOSSIP_SECRET), or mutual TLS from the file's ``gossip.tls``.
+
+``--workers N`` (N > 1) runs N such gateways as processes sharing the listening port
+(SO_REUSEPORT) and gossiping with each other on loopback (``router.gateway.workers``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from router.gateway.config import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    GOSSIP_PRESETS,
+    Config,
+    ConfigError,
+    check_ready_to_serve,
+    load_config,
+    with_overrides,
+)
+from router.gateway.runtime import gossip_from, run_gateway, setup_logging
+from router.presets import DEFAULT, NAMES
+
+if TYPE_CHECKING:
+    pass
+
+
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``serve`` options."""
+    add = parser.add_argument
+    add("--config", metavar="FILE", help="YAML config file (flags override its values)")
+    add(
+        "--backend",
+        action="append",
+        metavar="URL",
+        help="an engine's base URL, e.g. http://10.0.0.5:8000 (repeat for more)",
+    )
+    add(
+        "--backend-dns",
+        metavar="NAME:PORT",
+        help="a DNS name whose every address is an engine (re-resolved periodically)",
+    )
+    add(
+        "--policy",
+        metavar="FILE|PRESET",
+        help=f"routing policy file or preset ({', '.join(NAMES)}; default {DEFAULT})",
+    )
+    add("--host", help=f"address to listen on (default {DEFAULT_HOST}: every interface)")
+    add("--port", type=int, help=f"TCP port to listen on (default {DEFAULT_PORT})")
+    add(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes sharing the port, gossiping with each other as replicas of one "
+        "fleet (default: %(default)s, a single process)",
+    )
+    g = parser.add_argument_group(
+        "gossip between router replicas",
+        "Share recorded prefixes and in-flight load with the other replicas, so that they "
+        "route as one. The shared secret is read from KVROUTER_GOSSIP_SECRET (or the config's "
+        "gossip.secret_env); mutual TLS is configured in the config file (gossip.tls).",
+    )
+    g.add_argument(
+        "--gossip-port",
+        type=int,
+        metavar="P",
+        help="gossip on this TCP port (turns gossip on; the file's gossip.port otherwise)",
+    )
+    g.add_argument(
+        "--gossip-peer",
+        action="append",
+        metavar="HOST:PORT",
+        help="a replica to join through (repeat for more)",
+    )
+    g.add_argument(
+        "--gossip-dns",
+        metavar="NAME:PORT",
+        help="a DNS name whose every address is a replica, re-resolved periodically "
+        "(a Kubernetes headless Service)",
+    )
+    g.add_argument(
+        "--gossip-advertise",
+        metavar="HOST:PORT",
+        help="the address peers reach this replica at (default: the --host address; "
+        "with 0.0.0.0, $POD_IP or the address this host's name resolves to)",
+    )
+    g.add_argument(
+        "--gossip-node-id",
+        metavar="ID",
+        help="this replica's name among its peers (default: $POD_NAME, else HOSTNAME:PORT)",
+    )
+    g.add_argument(
+        "--gossip-preset",
+        choices=GOSSIP_PRESETS,
+        help="gossip timing: lan (a cluster; the default) or local (replicas on one host)",
+    )
+    add(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="log verbosity (default: %(default)s)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The config file (if any) with the flags applied; raises ``ConfigError``."""
+    cfg = load_config(args.config) if args.config else Config()
+    cfg = with_overrides(
+        cfg,
+        backends=args.backend,
+        backend_dns=args.backend_dns,
+        policy=args.policy,
+        host=args.host,
+        port=args.port,
+        gossip_port=args.gossip_port,
+        gossip_peers=args.gossip_peer,
+        gossip_dns=args.gossip_dns,
+        gossip_advertise=args.gossip_advertise,
+        gossip_node_id=args.gossip_node_id,
+        gossip_preset=args.gossip_preset,
+    )
+    check_ready_to_serve(cfg)
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until stopped; exit 2 on a bad config or policy, 1 when the port is unusable."""
+    setup_logging(args.log_level)
+    try:
+        cfg = config_from_args(args)
+        if args.workers != 1:
+            from router.gateway.workers import supervise
+
+            return supervise(cfg, args.workers, args.log_level)
+        gossip = gossip_from(cfg)
+    except ConfigError as e:
+        print(f"kvrouter serve: {e}", file=sys.stderr)
+        return 2
+    return run_gateway(cfg, gossip)

@@ -1,0 +1,148 @@
+"""``kvrouter simulate``: replay a trace through the routing core and compare policies."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from router.commands.traces import read_trace
+from router.core.engine_model import EngineSpec
+from router.core.policy import Policy, PolicyError, load_policy
+from router.core.simulator import Fleet, SimResult, simulate
+from router.core.workload import SyntheticSpec, TraceFormatError, TraceRequest, synthetic
+from router.presets import DEFAULT, resolve
+
+_SPEC = EngineSpec()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--trace", metavar="FILE", help="JSONL trace: Mooncake records or OpenAI bodies"
+    )
+    src.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="generate a multi-tenant, multi-turn chat workload instead of reading a trace",
+    )
+    parser.add_argument("--workers", type=int, default=8, help="engines in the fleet (8)")
+    parser.add_argument(
+        "--capacity-tokens",
+        type=int,
+        default=_SPEC.capacity_tokens,
+        help=f"KV cache per engine, in tokens ({_SPEC.capacity_tokens})",
+    )
+    parser.add_argument(
+        "--policy",
+        action="append",
+        metavar="FILE",
+        help=f"policy file or preset name; repeat to compare (default: {DEFAULT})",
+    )
+    parser.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=_SPEC.prefill_tokens_per_s,
+        help=f"prefill speed of one engine ({_SPEC.prefill_tokens_per_s:g})",
+    )
+    parser.add_argument(
+        "--decode-tokens-per-s",
+        type=float,
+        default=_SPEC.decode_tokens_per_s,
+        help=f"decode speed of one sequence ({_SPEC.decode_tokens_per_s:g})",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=_SPEC.max_batch,
+        help=f"concurrent sequences per engine ({_SPEC.max_batch})",
+    )
+    parser.add_argument(
+        "--speedup", type=float, default=1.0, help="divide arrival times by this (1)"
+    )
+    parser.add_argument("--limit", type=int, help="replay only the first N requests")
+    parser.add_argument(
+        "--requests", type=int, default=4000, help="with --synthetic: how many (4000)"
+    )
+    parser.add_argument("--seed", type=int, default=7, help="with --synthetic: RNG seed (7)")
+    parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+
+
+def _progress(name: str, done: int, total: int) -> None:
+    width = 30
+    filled = width * done // max(1, total)
+    bar = "#" * filled + "." * (width - filled)
+    end = "\n" if done >= total else ""
+    print(f"\r{name:>24} [{bar}] {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+
+def format_table(results: Sequence[SimResult]) -> str:
+    """The results as an aligned text table, one row per policy."""
+    head = (
+        "policy",
+        "requests",
+        "hit_ratio",
+        "ttft_p50",
+        "ttft_p99",
+        "imbalance",
+        "dec_us_p50",
+        "dec_us_p99",
+    )
+    rows = [
+        (
+            r.policy,
+            str(r.requests),
+            f"{r.hit_ratio:.3f}",
+            f"{r.ttft_p50:.3f}s",
+            f"{r.ttft_p99:.3f}s",
+            f"{r.load_imbalance:.3f}",
+            f"{r.decision_us_p50:.1f}",
+            f"{r.decision_us_p99:.1f}",
+        )
+        for r in results
+    ]
+    widths = [max(len(row[i]) for row in (head, *rows)) for i in range(len(head))]
+    lines = [
+        "  ".join(
+            c.rjust(w) if i else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in (head, *rows)
+    ]
+    return "\n".join(lines)
+
+
+def _policies(specs: Sequence[str] | None) -> list[Policy]:
+    return [load_policy(resolve(s)) for s in (specs or [DEFAULT])]
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        policies = _policies(args.policy)
+        spec = EngineSpec(
+            capacity_tokens=args.capacity_tokens,
+            prefill_tokens_per_s=args.prefill_tokens_per_s,
+            decode_tokens_per_s=args.decode_tokens_per_s,
+            max_batch=args.max_batch,
+        )
+        if args.workers < 1 or args.speedup <= 0:
+            raise ValueError("--workers must be at least 1 and --speedup above 0")
+        trace: list[TraceRequest]
+        if args.synthetic:
+            trace = list(synthetic(SyntheticSpec(requests=args.requests, seed=args.seed)))
+        else:
+            trace = read_trace(args.trace, args.limit)
+    except (PolicyError, TraceFormatError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if not trace:
+        print("error: the trace has no requests", file=sys.stderr)
+        return 1
+    progress = _progress if sys.stderr.isatty() else None
+    results = simulate(policies, trace, Fleet(args.workers, spec, args.speedup), progress)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in results], indent=2))
+    else:
+        print(format_table(results))
+    return 0

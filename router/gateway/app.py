@@ -1,0 +1,397 @@
+"""The gateway's aiohttp application: state, handlers, and the background work it owns.
+
+``Gateway`` wires the routing core to the I/O shell (backend pool, upstream, proxy, policy
+watcher, metrics). ``build_app`` serves it: the OpenAI routes, the probes Kubernetes needs,
+``/metrics``, and admin endpoints behind a bearer token. Every background loop (health probes,
+model lists, DNS, the policy watcher) is started and stopped by a ``cleanup_ctx``, so the app's
+shutdown cancels and awaits all of them.
+
+Build a ``Gateway`` inside a running event loop (its upstream opens an aiohttp session).
+
+With gossip configured, the gateway is one replica of a fleet (``router.gateway.replicas``): the
+index gossips under a per-run origin, ``proxy.on_delta`` queues every recorded ``Delta`` for the
+peers, remote deltas and loads merge into ``router.index`` and ``router.loads``,
+``gossip_peers`` and ``gossip_samples`` feed the ``kvrouter_gossip_*`` metrics, and the node
+runs in one more ``cleanup_ctx`` (the first started, the last stopped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from router.core.blocks import namespace_seed
+from router.core.decision import Router
+from router.core.load import Load
+from router.core.policy import Policy
+from router.gateway.config import Config
+from router.gateway.engines import BackendPool, Resolver, resolve_dns
+from router.gateway.errors import (
+    BodyTimeout,
+    BodyTooLarge,
+    GatewayError,
+    NotFound,
+    Unauthorized,
+    error_middleware,
+    error_response,
+)
+from router.gateway.inbound import PROMPT_FIELD, parse, session_of
+from router.gateway.metrics import FleetView, Metrics
+from router.gateway.proxy import CLIENT_GONE, Outcome, Proxy
+from router.gateway.reload import PolicyWatcher, Result
+from router.gateway.upstream import AiohttpUpstream, Upstream
+
+if TYPE_CHECKING:
+    from router.gateway.replicas import Replica
+    from router.gossip import GossipConfig, Sample
+
+log = logging.getLogger(__name__)
+
+# A crashed background loop is restarted after this pause instead of leaving the gateway blind.
+RESTART_PAUSE_S = 1.0
+# A client trickling its body must not hold a handler forever; 16 MiB at 1 MB/s fits.
+BODY_READ_SECONDS = 60.0
+
+
+class Gateway:
+    """The running gateway's state: routing core, backends, upstream, proxy, metrics."""
+
+    def __init__(
+        self,
+        config: Config,
+        policy_path: Path,
+        *,
+        upstream: Upstream | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        resolver: Resolver = resolve_dns,
+        environ: Mapping[str, str] = os.environ,
+        gossip: GossipConfig | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.draining = False
+        self.watcher = PolicyWatcher(
+            policy_path,
+            self._set_policy,
+            self._reloaded,
+            config.policy_reload.interval_seconds,
+            poll=config.policy_reload.enabled,
+        )
+        origin = "local"
+        if gossip is not None:
+            from router.gateway.gossip_delegate import run_origin
+
+            # Unique per process run: a restarted replica numbers its deltas from 1 again.
+            origin = run_origin(gossip.node_id)
+        # Raises PolicyError: the gateway does not start on a policy it cannot read.
+        self.router = Router(self.watcher.load_initial(), origin)
+        self.upstream: Upstream = upstream or AiohttpUpstream(config.timeouts.connect_seconds)
+        # Peers by membership state, for kvrouter_gossip_peers; gossip replaces it.
+        self.gossip_peers: Callable[[], Mapping[str, int]] = lambda: {"alive": 0}
+        # The other kvrouter_gossip_* series; gossip replaces it.
+        self.gossip_samples: Callable[[], Iterable[Sample]] = lambda: ()
+        self.metrics = Metrics(
+            FleetView(
+                backends=self._backend_health,
+                local_load=self._local_load,
+                index_entries=lambda: len(self.router.index),
+                gossip_peers=lambda: self.gossip_peers(),
+                gossip=lambda: self.gossip_samples(),
+            )
+        )
+        self.pool = BackendPool(
+            config.backends,
+            config.health,
+            self.upstream,
+            self._set_engines,
+            clock=clock,
+            resolver=resolver,
+        )
+        self.proxy = Proxy(
+            self.router,
+            self.pool,
+            self.upstream,
+            self.metrics,
+            config.timeouts,
+            config.limits,
+            clock=clock,
+        )
+        # Admin endpoints exist only when the token's variable is set (read once, at start).
+        self.admin_token: str | None = environ.get(config.admin_token_env) or None
+        self.replica: Replica | None = None
+        if gossip is not None:
+            from router.gateway.replicas import Replica
+
+            self.replica = Replica(gossip, self.router, now=clock)
+            self.proxy.on_delta = self.replica.queue
+            self.gossip_peers = self.replica.peers
+            self.gossip_samples = self.replica.samples
+
+    def _set_policy(self, policy: Policy) -> None:
+        # One assignment on the event loop: requests in flight keep their decisions, and the
+        # loads they took are released into the same LoadBook.
+        self.router.set_policy(policy)
+
+    def _reloaded(self, result: Result) -> None:
+        self.metrics.reloads.labels(result).inc()
+
+    def _set_engines(self, weights: Mapping[str, int]) -> None:
+        self.router.set_engines(weights)
+        self.metrics.forget_backends(weights)
+
+    def _backend_health(self) -> Iterable[tuple[str, bool]]:
+        return [(url, b.healthy) for url, b in self.pool.backends.items()]
+
+    def _local_load(self, engine: str) -> Load:
+        return self.router.loads.local(engine)
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness and why: a policy is loaded and at least one backend is healthy."""
+        if self.draining:
+            return False, "shutting down"
+        if not self.pool.ready():
+            return False, "no healthy backend yet"
+        return True, "ready"
+
+
+GATEWAY = web.AppKey("gateway", Gateway)
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")
+
+
+# -- generation routes ---------------------------------------------------------------------
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The body, at most ``limit`` bytes; raises ``BodyTooLarge`` or ``BodyTimeout``."""
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge(f"request body is larger than {limit} bytes")
+    try:
+        async with asyncio.timeout(BODY_READ_SECONDS):
+            return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BodyTooLarge(f"request body is larger than {limit} bytes") from None
+    except TimeoutError:
+        msg = f"the request body did not arrive within {BODY_READ_SECONDS:g}s"
+        raise BodyTimeout(msg) from None
+
+
+def _generation(route: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        gw = request.app[GATEWAY]
+        t0 = gw.clock()
+        outcome = Outcome()
+        status = 500
+        try:
+            raw = await _read_body(request, gw.config.limits.max_body_bytes)
+            inbound = parse(raw, route)
+            resp = await gw.proxy.handle(request, route, raw, inbound, t0, outcome)
+            status = outcome.status or resp.status
+            return resp
+        except asyncio.CancelledError:
+            status = outcome.status if outcome.delivered else CLIENT_GONE
+            raise
+        except Exception as exc:
+            if not isinstance(exc, GatewayError):
+                log.exception("unexpected error on %s %s", request.method, route)
+            err = error_response(exc)
+            status = err.status
+            return err
+        finally:
+            gw.metrics.requests.labels(route, str(status)).inc()
+            gw.metrics.duration.observe(gw.clock() - t0)
+
+    handler.__doc__ = f"POST {route}: route to an engine and relay its answer."
+    return handler
+
+
+# -- read-only routes ----------------------------------------------------------------------
+
+
+async def models(request: web.Request) -> web.Response:
+    """GET /v1/models: the union of the healthy backends' models."""
+    body = request.app[GATEWAY].pool.models_body()
+    return web.Response(body=body, content_type="application/json")
+
+
+async def health(request: web.Request) -> web.Response:
+    """GET /health: liveness (the process serves)."""
+    return _json({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    """GET /ready: 200 once a policy is loaded and a backend is healthy, else 503."""
+    gw = request.app[GATEWAY]
+    ok, reason = gw.ready()
+    healthy = sum(1 for b in gw.pool.backends.values() if b.healthy)
+    body = {
+        "status": "ready" if ok else "not ready",
+        "reason": reason,
+        "policy": gw.router.policy.name,
+        "backends": len(gw.pool.backends),
+        "healthy_backends": healthy,
+    }
+    return _json(body, 200 if ok else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """GET /metrics: Prometheus text from the app's own registry."""
+    body = request.app[GATEWAY].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+# -- admin routes --------------------------------------------------------------------------
+
+
+def _admin(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """Only with ``Authorization: Bearer <token>``; absent (404) when no token is set."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        token = request.app[GATEWAY].admin_token
+        if token is None:
+            raise NotFound(f"no route for {request.method} {request.path}", code="not_found")
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        # Constant-time comparison: the time taken must not reveal how much of a guess matched.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), token.encode()
+        ):
+            raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin token>'")
+        return await handler(request)
+
+    guarded.__doc__ = handler.__doc__
+    return guarded
+
+
+async def debug_route(request: web.Request) -> web.Response:
+    """POST /debug/route: how a request body would be routed, without sending or recording it."""
+    gw = request.app[GATEWAY]
+    raw = await _read_body(request, gw.config.limits.max_body_bytes)
+    try:
+        probe = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        probe = None
+    route = "/v1/chat/completions"
+    if isinstance(probe, dict) and "messages" not in probe:
+        route = "/v1/embeddings" if "input" in probe else "/v1/completions"
+    inbound = parse(raw, route)
+    candidates = gw.pool.candidates(inbound.model)
+    router = gw.router
+    s = router.policy.scorer("session-affinity")
+    session = None if s is None else session_of(inbound, request.headers, s.header, s.user_field)
+    rt, keys = router.keys_of(inbound.text)
+    d = router.decide(
+        keys, rt.approx_tokens, candidates, gw.clock(), session, namespace_seed(rt.namespace)
+    )
+    return _json({"policy": router.policy.name, **d.explain()})
+
+
+async def debug_backends(request: web.Request) -> web.Response:
+    """GET /debug/backends: every known backend's health, models and in-flight load."""
+    gw = request.app[GATEWAY]
+    now = gw.clock()
+    out = []
+    for url, b in gw.pool.backends.items():
+        load = gw.router.loads.local(url)
+        h = b.health
+        out.append(
+            {
+                "url": url,
+                "source": b.source,
+                "state": h.state.value,
+                "consecutive_failures": h.failures,
+                "readmit_in_seconds": max(0.0, h.readmit_at - now) if b.health.readmit_at else 0,
+                "models": sorted(b.models or ()),
+                "inflight_requests": load.requests,
+                "inflight_tokens": load.tokens,
+                "index_blocks": gw.router.index.blocks(url),
+            }
+        )
+    return _json({"backends": out})
+
+
+# -- background work -----------------------------------------------------------------------
+
+
+async def _forever(name: str, loop: Callable[[], Awaitable[None]]) -> None:
+    """Run ``loop``; if it crashes, log why and run it again."""
+    while True:
+        try:
+            await loop()
+            return
+        except Exception:
+            log.exception("background task %s crashed; restarting it", name)
+            await asyncio.sleep(RESTART_PAUSE_S)
+
+
+def _task_ctx(
+    name: str, loop: Callable[[Gateway], Callable[[], Awaitable[None]]]
+) -> Callable[[web.Application], contextlib.AbstractAsyncContextManager[None]]:
+    """A cleanup_ctx that runs one background loop while the app runs, and stops it after."""
+
+    @contextlib.asynccontextmanager
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(_forever(name, loop(app[GATEWAY])), name=name)
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return ctx
+
+
+def _replica_ctx(app: web.Application) -> contextlib.AbstractAsyncContextManager[None]:
+    replica = app[GATEWAY].replica
+    assert replica is not None
+    return replica.running()
+
+
+@contextlib.asynccontextmanager
+async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await app[GATEWAY].upstream.close()
+
+
+def build_app(gw: Gateway) -> web.Application:
+    """The gateway as an aiohttp application (serve it with ``handler_cancellation=True``)."""
+    limit = gw.config.limits.max_body_bytes
+    app = web.Application(middlewares=[error_middleware(limit)], client_max_size=limit)
+    app[GATEWAY] = gw
+    if gw.replica is not None:
+        # First in, last out: peers keep hearing this replica's load while it drains.
+        app.cleanup_ctx.append(_replica_ctx)
+    app.cleanup_ctx.append(_upstream_ctx)
+    app.cleanup_ctx.append(_task_ctx("health-probes", lambda g: g.pool.health_loop))
+    app.cleanup_ctx.append(_task_ctx("model-lists", lambda g: g.pool.models_loop))
+    app.cleanup_ctx.append(_task_ctx("dns-discovery", lambda g: g.pool.dns_loop))
+    app.cleanup_ctx.append(_task_ctx("policy-watcher", lambda g: g.watcher.run))
+    app.add_routes([web.post(route, _generation(route)) for route in PROMPT_FIELD])
+    app.add_routes(
+        [
+            web.get("/v1/models", models),
+            web.get("/health", health),
+            web.get("/ready", ready),
+            web.get("/metrics", metrics),
+            web.post("/debug/route", _admin(debug_route)),
+            web.get("/debug/backends", _admin(debug_backends)),
+        ]
+    )
+    return app

@@ -1,0 +1,486 @@
+"""The gateway's config file: its model, strict loading, and command-line overrides.
+
+The file's shape is shared with the Helm chart, so its names are a contract::
+
+    listen: {host: 0.0.0.0, port: 8000}
+    policy: /etc/kvrouter/policy/policy.yaml     # a file, or a preset name
+    policy_reload: {enabled: true, interval_seconds: 2}
+    backends:
+      static: [http://vllm-0.vllm:8000]
+      dns: {name: vllm-headless.default.svc.cluster.local, port: 8000, scheme: http,
+            interval_seconds: 10}
+      models_refresh_seconds: 30
+    health: {path: /health, interval_seconds: 5, timeout_seconds: 2, eject_after_failures: 3,
+             readmit_backoff_seconds: 5, readmit_backoff_max_seconds: 60}
+    timeouts: {connect_seconds: 5, first_byte_seconds: 300, idle_stream_seconds: 120}
+    limits: {max_body_bytes: 16777216, max_attempts: 3}
+    admin_token_env: KVROUTER_ADMIN_TOKEN
+    gossip: {enabled: false, port: 7946, dns: "", peers: [], secret_env: KVROUTER_GOSSIP_SECRET,
+             tls: {cert_file: "", key_file: "", ca_file: ""}, advertise: "", node_id: "",
+             preset: lan}
+
+Every section and field is optional; defaults are the values above, except that there are no
+backends by default. Gossip listens on ``listen.host`` at ``gossip.port``; ``gossip.dns`` is
+NAME:PORT (or NAME, for the gossip port) and each of ``gossip.peers`` is HOST:PORT; an empty
+``advertise`` or ``node_id`` is worked out at start (``router.gateway.replicas``). Loading is strict
+like the policy loader (``router.core.fields``): unknown keys and wrong types are errors that
+name the file and the field path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from router.core.fields import Fields, parse_yaml, read_yaml_file, show
+from router.presets import DEFAULT as DEFAULT_POLICY
+
+# A server in a pod must listen on every interface to be reachable through its Service.
+DEFAULT_HOST = "0.0.0.0"
+DEFAULT_PORT = 8000
+SCHEMES = ("http", "https")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+DAY = 86_400.0
+
+
+class ConfigError(ValueError):
+    """A config file or flag that cannot be used; the message says where and why."""
+
+
+class _Fields(Fields):
+    error = ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyReload:
+    """Poll the policy file for content changes (SIGHUP reloads at once either way)."""
+
+    enabled: bool = True
+    interval_seconds: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class DnsBackends:
+    """Every address of ``name`` is a backend ``scheme://address:port``; re-resolved."""
+
+    name: str
+    port: int = 8000
+    scheme: str = "http"
+    interval_seconds: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Backends:
+    static: tuple[str, ...] = ()
+    dns: DnsBackends | None = None
+    models_refresh_seconds: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Active probes, and passive ejection after consecutive failures, readmitted with backoff."""
+
+    path: str = "/health"
+    interval_seconds: float = 5.0
+    timeout_seconds: float = 2.0
+    eject_after_failures: int = 3
+    readmit_backoff_seconds: float = 5.0
+    readmit_backoff_max_seconds: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_seconds: float = 5.0
+    # Until the first body byte: long prompts prefill for minutes on a busy engine.
+    first_byte_seconds: float = 300.0
+    idle_stream_seconds: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class GossipTls:
+    cert_file: str = ""
+    key_file: str = ""
+    ca_file: str = ""
+
+    @property
+    def configured(self) -> bool:
+        """Any of the files is set (then all three must be)."""
+        return bool(self.cert_file or self.key_file or self.ca_file)
+
+
+# Gossip timing presets (router.gossip.config.PRESETS): lan for a cluster, local for one host.
+GOSSIP_PRESETS = ("lan", "local")
+
+
+@dataclass(frozen=True, slots=True)
+class Gossip:
+    """Sharing of index deltas and in-flight load with the other router replicas."""
+
+    enabled: bool = False
+    port: int = 7946
+    dns: str = ""
+    peers: tuple[str, ...] = ()
+    secret_env: str = "KVROUTER_GOSSIP_SECRET"
+    tls: GossipTls = field(default_factory=GossipTls)
+    # HOST:PORT that peers dial; empty: worked out from the listen address or the pod's IP.
+    advertise: str = ""
+    # This replica's name among its peers; empty: the pod name, or hostname:port.
+    node_id: str = ""
+    preset: str = "lan"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything ``kvrouter serve`` is configured with."""
+
+    listen: Listen = field(default_factory=Listen)
+    policy: str = DEFAULT_POLICY
+    policy_reload: PolicyReload = field(default_factory=PolicyReload)
+    backends: Backends = field(default_factory=Backends)
+    health: Health = field(default_factory=Health)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    limits: Limits = field(default_factory=Limits)
+    admin_token_env: str = "KVROUTER_ADMIN_TOKEN"
+    gossip: Gossip = field(default_factory=Gossip)
+
+
+def backend_url(text: str) -> str:
+    """A backend base URL in canonical form; raises ``ValueError`` saying why.
+
+    The URL is the engine's name in the index that replicas gossip, so every spelling of one
+    engine must give one name: lower-case scheme and host, IP literals compressed, the port
+    always explicit (as DNS discovery writes it), no trailing slash.
+    """
+    try:
+        u = urlsplit(text.strip())
+        port = u.port
+    except ValueError as e:
+        raise ValueError(f"not a URL: {text!r} ({e})") from None
+    if u.scheme not in SCHEMES:
+        raise ValueError(f"must start with http:// or https://, got {text!r}")
+    if not u.hostname:
+        raise ValueError(f"has no host: {text!r}")
+    if u.query or u.fragment or u.username or u.password:
+        raise ValueError(f"must not carry a query, fragment or credentials: {text!r}")
+    host = u.hostname
+    with contextlib.suppress(ValueError):
+        host = ipaddress.ip_address(host).compressed
+    if ":" in host:
+        host = f"[{host}]"
+    port = DEFAULT_PORTS[u.scheme] if port is None else port
+    return f"{u.scheme}://{host}:{port}{u.path.rstrip('/')}"
+
+
+def dns_target(text: str) -> tuple[str, int]:
+    """``NAME:PORT`` -> (name, port); raises ``ValueError`` saying why."""
+    name, sep, port = text.rpartition(":")
+    if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"must be NAME:PORT with a port from 1 to 65535, got {text!r}")
+    return name.strip("[]"), int(port)
+
+
+def gossip_peer(text: str) -> str:
+    """A gossip seed, ``HOST:PORT`` (``[V6]:PORT``), stripped; raises ``ValueError``."""
+    try:
+        dns_target(text.strip())
+    except ValueError:
+        raise ValueError(f"must be HOST:PORT with a port from 1 to 65535, got {text!r}") from None
+    return text.strip()
+
+
+def gossip_dns(text: str) -> str:
+    """A gossip DNS name, ``NAME:PORT`` or ``NAME`` (the gossip port); raises ``ValueError``."""
+    text = text.strip()
+    if ":" in text and not text.endswith("]"):
+        dns_target(text)
+    elif not text.strip("[]"):
+        raise ValueError("must be NAME:PORT or NAME, got an empty name")
+    return text
+
+
+def _seconds(f: _Fields, key: str, default: float, lo: float = 0.01) -> float:
+    return f.number(key, default, lo, DAY)
+
+
+def _listen(f: _Fields | None) -> Listen:
+    if f is None:
+        return Listen()
+    out = Listen(f.text("host", DEFAULT_HOST), f.integer("port", DEFAULT_PORT, 0, 65535))
+    f.done()
+    return out
+
+
+def _policy_reload(f: _Fields | None) -> PolicyReload:
+    if f is None:
+        return PolicyReload()
+    out = PolicyReload(f.flag("enabled", True), _seconds(f, "interval_seconds", 2.0))
+    f.done()
+    return out
+
+
+def _backends(f: _Fields | None) -> Backends:
+    if f is None:
+        return Backends()
+    static: list[str] = []
+    for i, text in enumerate(f.texts("static")):
+        try:
+            static.append(backend_url(text))
+        except ValueError as e:
+            f.fail(f"{f.at('static')}[{i}]", str(e))
+    dns: DnsBackends | None = None
+    d = f.sub("dns")
+    if d is not None:
+        name = d.text("name", "")
+        dns = DnsBackends(
+            name=name,
+            port=d.integer("port", 8000, 1, 65535),
+            scheme=d.choice("scheme", "http", SCHEMES),
+            interval_seconds=_seconds(d, "interval_seconds", 10.0, 0.1),
+        )
+        d.done()
+        if not name:
+            dns = None  # an empty name (the chart's default) means no DNS discovery
+    out = Backends(tuple(static), dns, _seconds(f, "models_refresh_seconds", 30.0, 0.1))
+    f.done()
+    return out
+
+
+def _health(f: _Fields | None) -> Health:
+    if f is None:
+        return Health()
+    path = f.text("path", "/health")
+    if not path.startswith("/"):
+        f.fail(f.at("path"), f"must start with '/', got {show(path)}")
+    out = Health(
+        path=path,
+        interval_seconds=_seconds(f, "interval_seconds", 5.0),
+        timeout_seconds=_seconds(f, "timeout_seconds", 2.0),
+        eject_after_failures=f.integer("eject_after_failures", 3, 1, 1000),
+        readmit_backoff_seconds=_seconds(f, "readmit_backoff_seconds", 5.0),
+        readmit_backoff_max_seconds=_seconds(f, "readmit_backoff_max_seconds", 60.0),
+    )
+    if out.readmit_backoff_max_seconds < out.readmit_backoff_seconds:
+        f.fail(f.at("readmit_backoff_max_seconds"), "must not be below readmit_backoff_seconds")
+    f.done()
+    return out
+
+
+def _timeouts(f: _Fields | None) -> Timeouts:
+    if f is None:
+        return Timeouts()
+    out = Timeouts(
+        connect_seconds=_seconds(f, "connect_seconds", 5.0),
+        first_byte_seconds=_seconds(f, "first_byte_seconds", 300.0),
+        idle_stream_seconds=_seconds(f, "idle_stream_seconds", 120.0),
+    )
+    f.done()
+    return out
+
+
+def _limits(f: _Fields | None) -> Limits:
+    if f is None:
+        return Limits()
+    out = Limits(
+        max_body_bytes=f.integer("max_body_bytes", 16 * 1024 * 1024, 1024, 1 << 31),
+        max_attempts=f.integer("max_attempts", 3, 1, 16),
+    )
+    f.done()
+    return out
+
+
+def _gossip(f: _Fields | None) -> Gossip:
+    if f is None:
+        return Gossip()
+    tls = GossipTls()
+    t = f.sub("tls")
+    if t is not None:
+        tls = GossipTls(t.text("cert_file", ""), t.text("key_file", ""), t.text("ca_file", ""))
+        t.done()
+    peers: list[str] = []
+    for i, text in enumerate(f.texts("peers")):
+        try:
+            peers.append(gossip_peer(text))
+        except ValueError as e:
+            f.fail(f"{f.at('peers')}[{i}]", str(e))
+    dns = f.text("dns", "")
+    advertise = f.text("advertise", "")
+    for key, value, check in (("dns", dns, gossip_dns), ("advertise", advertise, gossip_peer)):
+        if value:
+            try:
+                check(value)
+            except ValueError as e:
+                f.fail(f.at(key), str(e))
+    out = Gossip(
+        enabled=f.flag("enabled", False),
+        port=f.integer("port", 7946, 1, 65535),
+        dns=dns.strip(),
+        peers=tuple(peers),
+        secret_env=f.text("secret_env", "KVROUTER_GOSSIP_SECRET"),
+        tls=tls,
+        advertise=advertise.strip(),
+        node_id=f.text("node_id", ""),
+        preset=f.choice("preset", "lan", GOSSIP_PRESETS),
+    )
+    f.done()
+    return out
+
+
+def parse_config(data: Any, where: str = "<config>") -> Config:
+    """Decode a config from parsed YAML; raise ``ConfigError`` naming ``where`` and the field."""
+    if data is None:
+        data = {}  # an empty file is a config of defaults
+    f = _Fields(data, "", where)
+    policy = f.text("policy", DEFAULT_POLICY) or DEFAULT_POLICY
+    token_env = f.text("admin_token_env", "KVROUTER_ADMIN_TOKEN")
+    cfg = Config(
+        listen=_listen(f.sub("listen")),
+        policy=policy,
+        policy_reload=_policy_reload(f.sub("policy_reload")),
+        backends=_backends(f.sub("backends")),
+        health=_health(f.sub("health")),
+        timeouts=_timeouts(f.sub("timeouts")),
+        limits=_limits(f.sub("limits")),
+        admin_token_env=token_env,
+        gossip=_gossip(f.sub("gossip")),
+    )
+    f.done()
+    return cfg
+
+
+def load_config_text(text: str, where: str) -> Config:
+    """Parse config YAML text; errors name ``where``."""
+    return parse_config(parse_yaml(text, where, ConfigError), where)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and parse a config file."""
+    data, where = read_yaml_file(path, ConfigError)
+    return parse_config(data, where)
+
+
+def with_overrides(
+    cfg: Config,
+    *,
+    backends: list[str] | None = None,
+    backend_dns: str | None = None,
+    policy: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    gossip_port: int | None = None,
+    gossip_peers: list[str] | None = None,
+    gossip_dns: str | None = None,
+    gossip_advertise: str | None = None,
+    gossip_node_id: str | None = None,
+    gossip_preset: str | None = None,
+) -> Config:
+    """``cfg`` with command-line flags applied (a flag replaces the file's value)."""
+    b = cfg.backends
+    if backends:
+        urls: list[str] = []
+        for text in backends:
+            try:
+                urls.append(backend_url(text))
+            except ValueError as e:
+                raise ConfigError(f"--backend: {e}") from None
+        b = dataclasses.replace(b, static=tuple(urls))
+    if backend_dns:
+        try:
+            name, dport = dns_target(backend_dns)
+        except ValueError as e:
+            raise ConfigError(f"--backend-dns: {e}") from None
+        old = b.dns or DnsBackends(name)
+        b = dataclasses.replace(b, dns=dataclasses.replace(old, name=name, port=dport))
+    listen = cfg.listen
+    if host is not None:
+        listen = dataclasses.replace(listen, host=host)
+    if port is not None:
+        listen = dataclasses.replace(listen, port=port)
+    gossip = _gossip_overrides(
+        cfg.gossip,
+        port=gossip_port,
+        peers=gossip_peers,
+        dns=gossip_dns,
+        advertise=gossip_advertise,
+        node_id=gossip_node_id,
+        preset=gossip_preset,
+    )
+    return dataclasses.replace(
+        cfg, backends=b, listen=listen, policy=policy or cfg.policy, gossip=gossip
+    )
+
+
+def _gossip_overrides(
+    g: Gossip,
+    *,
+    port: int | None,
+    peers: list[str] | None,
+    dns: str | None,
+    advertise: str | None,
+    node_id: str | None,
+    preset: str | None,
+) -> Gossip:
+    """The gossip flags applied: ``--gossip-port`` turns gossip on; the others need it on."""
+    if port is not None:
+        if not 0 < port < 65536:
+            raise ConfigError(f"--gossip-port: must be from 1 to 65535, got {port}")
+        g = dataclasses.replace(g, enabled=True, port=port)
+    given = {
+        "--gossip-peer": peers,
+        "--gossip-dns": dns,
+        "--gossip-advertise": advertise,
+        "--gossip-node-id": node_id,
+        "--gossip-preset": preset,
+    }
+    used = [flag for flag, value in given.items() if value]
+    if used and not g.enabled:
+        raise ConfigError(
+            f"{used[0]} needs gossip on: give --gossip-port P (or gossip.enabled in the config)"
+        )
+    if peers:
+        seeds = tuple(_flag("--gossip-peer", gossip_peer, p) for p in peers)
+        g = dataclasses.replace(g, peers=seeds)
+    if dns:
+        g = dataclasses.replace(g, dns=_flag("--gossip-dns", gossip_dns, dns))
+    if advertise:
+        g = dataclasses.replace(g, advertise=_flag("--gossip-advertise", gossip_peer, advertise))
+    if node_id:
+        g = dataclasses.replace(g, node_id=node_id)
+    if preset:
+        g = dataclasses.replace(g, preset=preset)
+    return g
+
+
+def _flag(flag: str, check: Callable[[str], str], value: str) -> str:
+    try:
+        return check(value)
+    except ValueError as e:
+        raise ConfigError(f"{flag}: {e}") from None
+
+
+def check_ready_to_serve(cfg: Config) -> None:
+    """Cross-checks that only matter once flags are applied; raises ``ConfigError``."""
+    if not cfg.backends.static and cfg.backends.dns is None:
+        raise ConfigError(
+            "no backends: give --backend URL, --backend-dns NAME:PORT, "
+            "or backends.static / backends.dns in the config file"
+        )
+    if not cfg.listen.host:
+        raise ConfigError("listen.host: must not be empty")

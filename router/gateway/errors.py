@@ -1,0 +1,227 @@
+"""The gateway's exceptions, and the one place that turns any of them into an OpenAI error.
+
+Every refusal and failure leaves the gateway in OpenAI's shape,
+``{"error": {"message", "type", "param", "code"}}``, or, once a stream has started, as one
+OpenAI-style error event before the stream closes. Lower layers raise these classes; the
+upstream seam maps aiohttp's own exceptions into them where they happen
+(``router.gateway.upstream``); ``error_response`` and ``error_middleware`` below are the only code
+that renders them. An unexpected exception is logged with its stack trace and answered with a
+plain 500 that says nothing about the inside.
+
+    GatewayError                    status, type, code; ``param`` names the field at fault
+    ├── RequestError                the client's request is at fault (4xx, never retried)
+    │   ├── BadRequest              400  malformed JSON, a wrong or missing field
+    │   ├── Unauthorized            401  admin endpoint without the right bearer token
+    │   ├── NotFound                404  unknown model, unknown route
+    │   ├── BodyTimeout             408  the body did not arrive in time
+    │   └── BodyTooLarge            413  body above limits.max_body_bytes
+    ├── NoBackend                   503  no healthy backend serves the model (Retry-After)
+    ├── ResponseTooLarge            502  a non-streamed answer above the relay's buffer limit
+    └── UpstreamError               one attempt at an engine failed (retried before 1st byte)
+        ├── UpstreamConnectError    502  refused, reset or unresolvable before a response
+        ├── UpstreamDropped         502  the connection broke while reading the response
+        ├── UpstreamTimeout         504
+        │   ├── FirstByteTimeout         no body byte within timeouts.first_byte_seconds
+        │   └── IdleStreamTimeout        no byte within timeouts.idle_stream_seconds
+        └── UpstreamStatus          5xx  the engine answered 5xx; its own response is relayed
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from router.gateway import sse
+
+log = logging.getLogger(__name__)
+
+# Retry-After on a 503 when no backend can take a request: about one health-probe interval.
+RETRY_AFTER_SECONDS = 2
+
+
+class GatewayError(Exception):
+    """An error with the HTTP status and OpenAI error fields the gateway answers it with."""
+
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+
+class RequestError(GatewayError):
+    """The client's request is at fault."""
+
+    status = 400
+    type = "invalid_request_error"
+
+
+class BadRequest(RequestError):
+    status = 400
+
+
+class Unauthorized(RequestError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_admin_token"
+
+
+class NotFound(RequestError):
+    status = 404
+
+
+class BodyTimeout(RequestError):
+    status = 408
+    code = "request_timeout"
+
+
+class BodyTooLarge(RequestError):
+    status = 413
+    code = "request_too_large"
+
+
+class NoBackend(GatewayError):
+    status = 503
+    code = "no_backend_available"
+
+
+class ResponseTooLarge(GatewayError):
+    """An engine's non-streamed answer is too large to buffer (not retried: it would recur)."""
+
+    status = 502
+    code = "upstream_response_too_large"
+
+
+class UpstreamError(GatewayError):
+    """One attempt at an engine failed; ``backend`` is the engine's base URL."""
+
+    status = 502
+    code = "upstream_error"
+    # Label of kvrouter_backend_requests_total{code} for a failure that has no HTTP status.
+    label = "error"
+
+    def __init__(self, message: str, backend: str = "") -> None:
+        super().__init__(message)
+        self.backend = backend
+
+
+class UpstreamConnectError(UpstreamError):
+    code = "upstream_unreachable"
+
+
+class UpstreamDropped(UpstreamError):
+    code = "upstream_dropped"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+    label = "timeout"
+
+
+class FirstByteTimeout(UpstreamTimeout):
+    pass
+
+
+class IdleStreamTimeout(UpstreamTimeout):
+    pass
+
+
+class UpstreamStatus(UpstreamError):
+    """The engine answered with a 5xx status; the client gets the engine's response."""
+
+    def __init__(self, backend: str, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(f"backend answered {status}", backend)
+        self.status = status
+        self.label = str(status)
+        self.body = body
+        self.content_type = content_type
+
+
+def _json_error(
+    status: int, message: str, type_: str, param: str | None, code: str | None
+) -> bytes:
+    error = {"message": message, "type": type_, "param": param, "code": code}
+    return orjson.dumps({"error": error})
+
+
+# aiohttp raises these itself (routing, body limit); they get the same shape as ours.
+_HTTP_MESSAGES: dict[int, tuple[str, str | None]] = {
+    404: ("no route for {method} {path}", "not_found"),
+    405: ("method {method} is not allowed on {path}", "method_not_allowed"),
+    413: ("request body is larger than {limit} bytes", "request_too_large"),
+}
+
+
+def error_response(
+    exc: BaseException, *, method: str = "", path: str = "", body_limit: int = 0
+) -> web.Response:
+    """The HTTP response for ``exc`` (any exception; unexpected ones become a bare 500)."""
+    if isinstance(exc, UpstreamStatus):
+        ctype = {"Content-Type": exc.content_type}
+        return web.Response(status=exc.status, body=exc.body, headers=ctype)
+    headers: dict[str, str] = {}
+    if isinstance(exc, GatewayError):
+        status, message, type_, param, code = (
+            exc.status,
+            exc.message,
+            exc.type,
+            exc.param,
+            exc.code,
+        )
+        if isinstance(exc, NoBackend):
+            headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    elif isinstance(exc, web.HTTPException) and exc.status >= 400:
+        status = exc.status
+        template, code = _HTTP_MESSAGES.get(status, (exc.reason, None))
+        message = template.format(method=method, path=path, limit=body_limit)
+        type_, param = "invalid_request_error" if status < 500 else "server_error", None
+        if "Allow" in exc.headers:
+            headers["Allow"] = exc.headers["Allow"]
+    else:
+        status, message, type_, param, code = 500, "internal error", "server_error", None, None
+    headers["Content-Type"] = "application/json"
+    return web.Response(
+        status=status, body=_json_error(status, message, type_, param, code), headers=headers
+    )
+
+
+def stream_error(exc: BaseException) -> bytes:
+    """The SSE error event that ends a stream that failed after its first byte."""
+    if isinstance(exc, GatewayError):
+        return sse.error_event(exc.message, exc.type, exc.code)
+    return sse.error_event("internal error", "server_error", None)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_middleware(body_limit: int) -> Middleware:
+    """Middleware answering every exception in OpenAI's shape, never with a stack trace."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return error_response(
+                exc, method=request.method, path=request.path, body_limit=body_limit
+            )
+        except GatewayError as exc:
+            return error_response(exc)
+        except Exception as exc:
+            log.exception("unexpected error on %s %s", request.method, request.path)
+            return error_response(exc)
+
+    return middleware

@@ -1,0 +1,156 @@
+"""What crosses the proxy: which headers go each way, and the ``usage`` read from answers.
+
+Pure functions over values, like ``router.gateway.sse``: the proxy calls them, tests feed them
+bytes. The gateway reports the engines' prefix-cache hits from ``usage.prompt_tokens`` and
+``usage.prompt_tokens_details.cached_tokens``: in a non-streamed answer's JSON, or in a
+stream's last usage event, found from the stream's tail without decoding the whole stream.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import Any, TypeGuard
+
+import orjson
+from multidict import CIMultiDict, MultiMapping
+
+from router.gateway import sse
+
+# Connection-level headers (RFC 9110 section 7.6.1) belong to one hop and are never relayed.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Also not sent to engines: the engine's own Host, a length aiohttp recomputes, and the
+# client's encodings (engines answer uncompressed so the gateway can read ``usage``).
+_NOT_TO_ENGINE = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "expect"}
+_NOT_TO_CLIENT = HOP_BY_HOP | {"content-length", "date", "server"}
+
+# Bytes kept from the end of a stream to find its final usage event in.
+USAGE_TAIL_BYTES = 16 * 1024
+
+
+def _connection_named(headers: MultiMapping[str]) -> set[str]:
+    return {
+        token.strip().lower()
+        for value in headers.getall("Connection", ())
+        for token in value.split(",")
+        if token.strip()
+    }
+
+
+def engine_headers(headers: MultiMapping[str], peer: str | None) -> list[tuple[str, str]]:
+    """The client's headers as the engine gets them: no hop-by-hop, X-Forwarded-For appended."""
+    named = _connection_named(headers)
+    out = [
+        (k, v)
+        for k, v in headers.items()
+        if (low := k.lower()) not in _NOT_TO_ENGINE
+        and low not in named
+        and low != "x-forwarded-for"
+    ]
+    chain = ", ".join(headers.getall("X-Forwarded-For", ()))
+    if peer:
+        chain = f"{chain}, {peer}" if chain else peer
+    if chain:
+        out.append(("X-Forwarded-For", chain))
+    out.append(("Accept-Encoding", "identity"))
+    return out
+
+
+def client_headers(headers: MultiMapping[str]) -> CIMultiDict[str]:
+    """The engine's response headers as the client gets them (repeated ones kept)."""
+    named = _connection_named(headers)
+    return CIMultiDict(
+        (k, v)
+        for k, v in headers.items()
+        if (low := k.lower()) not in _NOT_TO_CLIENT and low not in named
+    )
+
+
+def usage_counts(usage: Any) -> tuple[int, int] | None:
+    """(prompt tokens, cached tokens) from an OpenAI ``usage`` object, when both are given."""
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if _count(prompt) and _count(cached):
+        return prompt, cached
+    return None
+
+
+def _count(v: Any) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def body_usage(body: bytes) -> tuple[int, int] | None:
+    """(prompt, cached) tokens from a non-streamed JSON answer, when it reports both."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return usage_counts(obj.get("usage") if isinstance(obj, dict) else None)
+
+
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+class UsageTail:
+    """The last bytes of a stream, to read its final ``usage`` event without decoding it all."""
+
+    __slots__ = ("_cut", "_keep", "_parts", "_size")
+
+    def __init__(self, keep: int = USAGE_TAIL_BYTES) -> None:
+        self._parts: deque[bytes] = deque()
+        self._size = 0
+        self._keep = keep
+        self._cut = False  # bytes were dropped from the front: the tail starts mid-event
+
+    def feed(self, chunk: bytes) -> None:
+        self._parts.append(chunk)
+        self._size += len(chunk)
+        while self._size - len(self._parts[0]) >= self._keep:
+            self._size -= len(self._parts.popleft())
+            self._cut = True
+
+    def usage(self) -> tuple[int, int] | None:
+        """(prompt, cached) tokens of the last event that reports them."""
+        data = b"".join(self._parts)
+        end = len(data)
+        # Newest first, and only the events that mention usage are decoded (usually one).
+        while (at := data.rfind(b'"usage"', 0, end)) != -1:
+            found = ((data.rfind(sep, 0, at), len(sep)) for sep in _SEPARATORS)
+            start = max((i + n for i, n in found if i != -1), default=0)
+            if start == 0 and self._cut:
+                return None  # that event's beginning was cut off
+            m = _EVENT_END.search(data, at)
+            for ev in sse.Decoder().feed(data[start : m.end() if m else end] + b"\n\n"):
+                counts = _event_usage(ev)
+                if counts is not None:
+                    return counts
+            end = start
+        return None
+
+
+_SEPARATORS = (b"\n\n", b"\r\r", b"\r\n\r\n")
+
+
+def _event_usage(ev: sse.Event) -> tuple[int, int] | None:
+    if ev.done or '"usage"' not in ev.data:
+        return None
+    try:
+        obj = orjson.loads(ev.data)
+    except orjson.JSONDecodeError:
+        return None
+    return usage_counts(obj.get("usage") if isinstance(obj, dict) else None)

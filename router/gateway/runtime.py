@@ -1,0 +1,120 @@
+"""The gateway's process runtime: serve one gateway in this process until a signal stops it.
+
+``run_gateway`` is what ``kvrouter serve`` runs, and what each ``--workers`` process runs
+(``router.gateway.workers``): an event loop (uvloop where installed), the aiohttp runner with
+handler cancellation (a client that leaves cancels its engine request), SIGTERM/SIGINT for a
+graceful stop (``/ready`` turns 503, in-flight requests get ``SHUTDOWN_GRACE_S``), SIGHUP for
+an immediate policy reload, and exit codes: 2 for a policy that does not load, 1 for a port
+or gossip listener that cannot be had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from router.core.policy import PolicyError
+from router.gateway.app import Gateway, build_app
+from router.gateway.config import Config
+from router.gateway.eventloop import loop_factory
+from router.presets import resolve
+
+if TYPE_CHECKING:
+    from router.gossip import GossipConfig
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_S = 10.0
+
+
+def gossip_from(cfg: Config) -> GossipConfig | None:
+    """The gossip node's settings from ``cfg`` and the environment; raises ``ConfigError``."""
+    if not cfg.gossip.enabled:
+        return None
+    from router.gateway.replicas import gossip_config  # grpc is loaded only when gossip is on
+
+    return gossip_config(cfg, os.environ)
+
+
+async def serve(
+    cfg: Config, gossip: GossipConfig | None = None, *, reuse_port: bool = False
+) -> None:
+    """Run the gateway (a replica of a gossiping fleet with ``gossip``) until SIGTERM/SIGINT.
+
+    ``reuse_port``: listen with SO_REUSEPORT, so that sibling worker processes share the port.
+    """
+    gw = Gateway(cfg, resolve(cfg.policy), gossip=gossip)
+    # A disconnecting client must cancel its handler, so the engine's request is cancelled too.
+    runner = web.AppRunner(
+        build_app(gw),
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+    )
+    try:
+        await runner.setup()
+    except BaseException:
+        await gw.upstream.close()  # nothing else started: the gossip listener comes first
+        raise
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, gw.watcher.request)
+    try:
+        site = web.TCPSite(runner, cfg.listen.host, cfg.listen.port, reuse_port=reuse_port or None)
+        await site.start()
+        log.info(
+            "listening on %s:%d; policy %s from %s; %d static backend(s)%s",
+            cfg.listen.host,
+            cfg.listen.port,
+            gw.router.policy.name,
+            gw.watcher.path,
+            len(cfg.backends.static),
+            f", DNS {cfg.backends.dns.name}:{cfg.backends.dns.port}" if cfg.backends.dns else "",
+        )
+        await stop.wait()
+        log.info("stopping: draining in-flight requests for up to %gs", SHUTDOWN_GRACE_S)
+        gw.draining = True
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+
+
+def setup_logging(level: str, tag: str = "") -> None:
+    """Log to stderr at ``level``; ``tag`` (e.g. ``[worker 1]``) follows the logger's name."""
+    logging.basicConfig(
+        level=level.upper(),
+        format=f"%(asctime)s %(levelname)s %(name)s{tag}: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def run_gateway(cfg: Config, gossip: GossipConfig | None, *, reuse_port: bool = False) -> int:
+    """Serve ``cfg`` in this process until stopped; the exit code (2 bad policy, 1 bad port)."""
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(serve(cfg, gossip, reuse_port=reuse_port))
+    except PolicyError as e:
+        print(f"kvrouter serve: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if gossip is not None:
+            from router.gateway.replicas import GossipStartError
+
+            if isinstance(e, GossipStartError):
+                print(f"kvrouter serve: {e}", file=sys.stderr)
+                return 1
+        print(
+            f"kvrouter serve: cannot listen on {cfg.listen.host}:{cfg.listen.port}: {e}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

@@ -1,0 +1,412 @@
+"""Helpers for the Helm chart and Dockerfile tests: render, validate, parse; no cluster, no network.
+
+Rendering and linting run Helm's own Go library in-process (helm-python-sdk); manifests are
+checked against the Kubernetes OpenAPI schemas shipped inside kubernetes-validate. The router's
+side of the contracts (metric names, HTTP paths) is written down once here, so that a check
+against a live router can replace a constant in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import yaml
+from helm_python import _native
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART_DIR = ROOT / "helm" / "kvrouter"
+CI_VALUES = sorted((CHART_DIR / "ci").glob("*-values.yaml"))
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+
+RELEASE = "edge"
+NAMESPACE = "inference"
+CLUSTER_DOMAIN = "cluster.local"
+
+# The Kubernetes versions every manifest is validated against: the chart's kubeVersion floor
+# and the newest schemas kubernetes-validate ships.
+KUBE_VERSIONS = ("1.25", "1.37")
+
+# Kinds whose schema is a CRD's, not Kubernetes': rendered and checked by hand, not validated.
+CRD_KINDS = frozenset({"ServiceMonitor"})
+SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
+
+# --- the router's side of the contract ------------------------------------------------------
+
+# Every metric the router exports, by Prometheus type. The dashboard may use these and nothing
+# else. A live check can compare this with the names a running router's /metrics lists.
+ROUTER_METRICS: Mapping[str, str] = {
+    "kvrouter_requests_total": "counter",
+    "kvrouter_request_duration_seconds": "histogram",
+    "kvrouter_ttft_seconds": "histogram",
+    "kvrouter_routing_decision_seconds": "histogram",
+    "kvrouter_prefix_overlap_ratio": "histogram",
+    "kvrouter_backend_inflight_requests": "gauge",
+    "kvrouter_backend_inflight_tokens": "gauge",
+    "kvrouter_backend_healthy": "gauge",
+    "kvrouter_backend_requests_total": "counter",
+    "kvrouter_cached_tokens_total": "counter",
+    "kvrouter_prompt_tokens_total": "counter",
+    "kvrouter_index_blocks": "gauge",
+    "kvrouter_policy_reloads_total": "counter",
+    "kvrouter_retries_total": "counter",
+    "kvrouter_gossip_peers": "gauge",
+    "kvrouter_gossip_rounds_total": "counter",
+    "kvrouter_gossip_bytes_total": "counter",
+    "kvrouter_gossip_deltas_total": "counter",
+    # The rest of the gossip node's series (router.gossip.stats), exported with gossip on.
+    "kvrouter_gossip_probes_total": "counter",
+    "kvrouter_gossip_messages_total": "counter",
+    "kvrouter_gossip_call_failures_total": "counter",
+    "kvrouter_gossip_load_reports_total": "counter",
+    "kvrouter_gossip_snapshots_total": "counter",
+    "kvrouter_gossip_refused_total": "counter",
+    "kvrouter_gossip_queue_dropped_total": "counter",
+    "kvrouter_gossip_errors_total": "counter",
+    "kvrouter_gossip_queued_rumours": "gauge",
+    "kvrouter_gossip_retained_deltas": "gauge",
+    "kvrouter_gossip_retained_bytes": "gauge",
+    "kvrouter_gossip_load_origins": "gauge",
+    "kvrouter_gossip_incarnation": "gauge",
+    "kvrouter_gossip_convergence_lag_seconds": "gauge",
+}
+
+# HTTP paths `kvrouter serve` answers besides /v1/*.
+ROUTER_HTTP_PATHS = frozenset({"/health", "/ready", "/metrics"})
+ROUTER_HTTP_PORT = 8000
+ROUTER_GOSSIP_PORT = 7946
+# Environment the router reads with gossip on (router.gateway.replicas), from the downward API: the
+# pod's name is its node id, its IP the address gossip peers dial.
+ROUTER_POD_ENV: Mapping[str, str] = {"POD_NAME": "metadata.name", "POD_IP": "status.podIP"}
+ROUTER_CONFIG_KEYS = frozenset(
+    {
+        "listen",
+        "policy",
+        "policy_reload",
+        "backends",
+        "health",
+        "timeouts",
+        "limits",
+        "admin_token_env",
+        "gossip",
+    }
+)
+POLICY_PRESETS = ("kv-aware", "round-robin", "least-load", "consistent-hash")
+
+
+def series_names(metrics: Mapping[str, str] = ROUTER_METRICS) -> frozenset[str]:
+    """The series names a scrape of the router can contain (histograms as _bucket/_sum/_count)."""
+    names: set[str] = set()
+    for name, kind in metrics.items():
+        if kind == "histogram":
+            names.update(f"{name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
+        else:
+            names.add(name)
+    return frozenset(names)
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """One render of the chart: its manifests as parsed objects, and NOTES.txt."""
+
+    objects: tuple[dict[str, Any], ...]
+    sources: tuple[str, ...]
+    notes: str
+    namespace: str = NAMESPACE
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    def one(self, kind: str, name: str | None = None) -> dict[str, Any]:
+        """The single object of ``kind`` (and ``name``); fail with what there is otherwise."""
+        found = [o for o in self.of_kind(kind) if name is None or o["metadata"]["name"] == name]
+        if len(found) != 1:
+            have = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in self.objects)
+            raise AssertionError(f"expected one {kind} {name or ''}, found {len(found)}: {have}")
+        return found[0]
+
+    def router_deployment(self) -> dict[str, Any]:
+        return self.one("Deployment")
+
+    def router_container(self) -> dict[str, Any]:
+        containers = self.router_deployment()["spec"]["template"]["spec"]["containers"]
+        return next(c for c in containers if c["name"] == "router")
+
+    def router_config(self) -> dict[str, Any]:
+        """config.yaml from the ConfigMap the router's --config path is mounted from."""
+        path = config_arg(self.router_container())
+        cm = self.configmap_for_file(path)
+        config: dict[str, Any] = yaml.safe_load(cm["data"][self.key_for_file(path)])
+        return config
+
+    def mount_for_file(self, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The (volumeMount, volume) through which the router container sees ``path``."""
+        pod = self.router_deployment()["spec"]["template"]["spec"]
+        mounts = [
+            m
+            for m in self.router_container().get("volumeMounts", [])
+            if path.startswith(m["mountPath"].rstrip("/") + "/")
+        ]
+        if not mounts:
+            raise AssertionError(f"{path} is on no volume mount of the router container")
+        mount = max(mounts, key=lambda m: len(m["mountPath"]))
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        return mount, volume
+
+    def key_for_file(self, path: str) -> str:
+        """The ConfigMap key projected at ``path``."""
+        mount, volume = self.mount_for_file(path)
+        relative = path[len(mount["mountPath"].rstrip("/")) + 1 :]
+        items = volume["configMap"].get("items")
+        if items is None:
+            return relative
+        return str(next(i["key"] for i in items if i["path"] == relative))
+
+    def configmap_for_file(self, path: str) -> dict[str, Any]:
+        _, volume = self.mount_for_file(path)
+        if "configMap" not in volume:
+            raise AssertionError(f"{path} is not mounted from a ConfigMap: {volume}")
+        return self.one("ConfigMap", volume["configMap"]["name"])
+
+
+def config_arg(container: Mapping[str, Any]) -> str:
+    """The value of ``--config`` in the container's arguments."""
+    args = list(container.get("args", []))
+    if "--config" not in args:
+        raise AssertionError(f"no --config in {args}")
+    return str(args[args.index("--config") + 1])
+
+
+def load_values_file(path: Path) -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+    return values
+
+
+def render(
+    values: Mapping[str, Any] | None = None,
+    *,
+    release: str = RELEASE,
+    namespace: str = NAMESPACE,
+    api_versions: Sequence[str] = (),
+) -> Rendered:
+    """Render the chart offline as `helm install` would (schema checked), and parse it.
+
+    ``api_versions`` plays the part of `helm template --api-versions`: APIs the cluster is
+    said to serve, for templates gated on ``.Capabilities.APIVersions``.
+    """
+    payload = json.dumps(dict(values or {}))
+    with helm_python.Chart.load(CHART_DIR) as chart:
+        if api_versions:
+            # Chart.render() has no api_versions keyword, but the library's render options do
+            # (helm_render's JSON options: name, namespace, api_versions, ...).
+            opts = {"name": release, "namespace": namespace, "api_versions": list(api_versions)}
+            raw = _native.call_string("helm_render", chart._raw(), payload, json.dumps(opts))
+            manifests: dict[str, str] = json.loads(raw)
+        else:
+            manifests = chart.render(values=json.loads(payload), name=release, namespace=namespace)
+    objects: list[dict[str, Any]] = []
+    sources: list[str] = []
+    notes = ""
+    for source, text in sorted(manifests.items()):
+        if source.endswith("NOTES.txt"):
+            notes = text
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                objects.append(doc)
+                sources.append(source)
+    return Rendered(tuple(objects), tuple(sources), notes, namespace)
+
+
+def scenarios() -> list[tuple[str, dict[str, Any]]]:
+    """(id, values) for the chart defaults and every ci/*-values.yaml file."""
+    cases: list[tuple[str, dict[str, Any]]] = [("defaults", {})]
+    cases += [(p.name.removesuffix("-values.yaml"), load_values_file(p)) for p in CI_VALUES]
+    return cases
+
+
+def lint_findings(values: Mapping[str, Any] | None = None) -> list[str]:
+    """`helm lint --strict` findings at warning level or worse, as readable lines."""
+    report = helm_python.lint(CHART_DIR, dict(values) if values else None, strict=True)
+    found = [
+        f"{m['path']}: {m['error']}" for m in report.get("messages") or [] if m["severity"] >= 2
+    ]
+    return found + [str(e) for e in report.get("errors") or []]
+
+
+def labels_match(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    """Whether a matchLabels-style selector selects an object with ``labels``."""
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def container_port(container: Mapping[str, Any], port: int | str) -> int:
+    """Resolve a port reference (a number or a port name) to the container's port number."""
+    if isinstance(port, int):
+        return port
+    for p in container.get("ports", []):
+        if p.get("name") == port:
+            return int(p["containerPort"])
+    raise AssertionError(f"container {container['name']} has no port named {port!r}")
+
+
+# --- PromQL ---------------------------------------------------------------------------------
+
+_PROMQL_WORDS = frozenset(
+    {"by", "without", "on", "ignoring", "group_left", "group_right", "bool"}
+    | {"and", "or", "unless", "offset", "inf", "nan"}
+)
+_GRAFANA_LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(.*?)\s*(?:,\s*[A-Za-z_]\w*\s*)?\)\s*$")
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression (or a Grafana label_values query) reads."""
+    m = _GRAFANA_LABEL_VALUES.match(expr)
+    if m:
+        expr = m.group(1)
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    text = re.sub(r"'(?:[^'\\]|\\.)*'", "''", text)
+    text = re.sub(r"\{[^}]*\}", " ", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", " ", text)  # range and subquery windows
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    text = re.sub(r"\$\{?\w+\}?", " ", text)  # Grafana variables
+    names: set[str] = set()
+    for word in re.finditer(r"(?<![\w.])[A-Za-z_:][\w:]*", text):
+        follows = text[word.end() :].lstrip()
+        if follows.startswith("(") or word.group().lower() in _PROMQL_WORDS:
+            continue  # a function call or a keyword
+        names.add(word.group())
+    return names
+
+
+def dashboard_queries(dashboard: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(where, query) for every panel target and every query variable of a Grafana dashboard."""
+
+    def panels(items: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+        for p in items:
+            yield p
+            yield from panels(p.get("panels", []))
+
+    for p in panels(dashboard.get("panels", [])):
+        for t in p.get("targets", []):
+            yield f"panel {p.get('title')!r} target {t.get('refId')}", t["expr"]
+    for var in dashboard.get("templating", {}).get("list", []):
+        if var.get("type") == "query":
+            query = var["query"]
+            yield f"variable {var['name']}", query["query"] if isinstance(query, dict) else query
+
+
+# --- Dockerfile -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One Dockerfile instruction: its keyword (upper case) and its argument text."""
+
+    keyword: str
+    args: str
+
+    def exec_form(self) -> list[str]:
+        """Arguments of ENTRYPOINT/CMD in exec (JSON) form, or the shell form split."""
+        text = self.args.strip()
+        if text.startswith("["):
+            parsed: list[str] = json.loads(text)
+            return parsed
+        return shlex.split(text)
+
+
+@dataclass
+class Stage:
+    """A build stage: its base image, its name (if any) and its instructions."""
+
+    base: str
+    name: str | None
+    instructions: list[Instruction] = field(default_factory=list)
+
+    def runs(self) -> list[str]:
+        return [i.args for i in self.instructions if i.keyword == "RUN"]
+
+    def last(self, keyword: str) -> Instruction | None:
+        found = [i for i in self.instructions if i.keyword == keyword]
+        return found[-1] if found else None
+
+
+def parse_dockerfile(text: str) -> list[Stage]:
+    """Split a Dockerfile into stages (line continuations joined, comments dropped)."""
+    logical: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("#") or (not line and not pending):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1].rstrip() + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    if pending:
+        logical.append(pending)
+    stages: list[Stage] = []
+    for line in logical:
+        keyword, _, args = line.partition(" ")
+        keyword = keyword.upper()
+        if keyword == "FROM":
+            words = [w for w in args.split() if not w.startswith("--platform")]
+            name = words[2] if len(words) >= 3 and words[1].lower() == "as" else None
+            stages.append(Stage(base=words[0], name=name))
+        elif stages:
+            stages[-1].instructions.append(Instruction(keyword, args.strip()))
+        elif keyword != "ARG":
+            raise AssertionError(f"Dockerfile instruction before the first FROM: {line}")
+    return stages
+
+
+def dockerignore_excludes(patterns: Sequence[str], path: str) -> bool:
+    """Whether Docker leaves ``path`` (relative, with /) out of the build context.
+
+    The last matching pattern wins; ``!`` re-includes; a pattern that matches a folder covers
+    everything inside it; ``**`` spans folders.
+    """
+
+    def matches(pattern: str) -> bool:
+        regex = _glob_regex(pattern)
+        parts = path.split("/")
+        return any(re.fullmatch(regex, "/".join(parts[: n + 1])) for n in range(len(parts)))
+
+    excluded = False
+    for raw in patterns:
+        pattern = raw.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        negate = pattern.startswith("!")
+        pattern = pattern.lstrip("!").strip().strip("/")
+        if matches(pattern):
+            excluded = not negate
+    return excluded
+
+
+def _glob_regex(pattern: str) -> str:
+    """A .dockerignore pattern as a regular expression over a relative path."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        else:
+            ch = pattern[i]
+            out.append("[^/]*" if ch == "*" else "[^/]" if ch == "?" else re.escape(ch))
+            i += 1
+    return "".join(out)

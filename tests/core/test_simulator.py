@@ -1,0 +1,146 @@
+"""The simulator: engine model, trace formats, replay through the real decision code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from router.commands.traces import read_trace
+from router.core.engine_model import EngineClock, EngineSpec, PrefixCache
+from router.core.policy import load_policy
+from router.core.simulator import Fleet, percentile, simulate
+from router.core.workload import (
+    MOONCAKE_BLOCK_TOKENS,
+    SyntheticSpec,
+    TraceFormatError,
+    parse_record,
+    synthetic,
+)
+from router.presets import NAMES, preset_path
+from tests.support import ROOT
+
+SAMPLE = ROOT / "tests" / "data" / "mooncake_conversation_sample.jsonl"
+SPEC = EngineSpec(capacity_tokens=400_000)
+
+
+def test_engine_clock_serialises_prefill_and_bounds_slots() -> None:
+    clock = EngineClock(EngineSpec(max_batch=1, prefill_tokens_per_s=100, decode_tokens_per_s=10))
+    a = clock.admit(0.0, uncached_tokens=100, output_tokens=10)  # prefill 1 s, decode 1 s
+    b = clock.admit(0.0, uncached_tokens=100, output_tokens=10)  # waits for the only slot
+    assert (a.first_token, a.done) == (1.0, 2.0)
+    assert b.prefill_start == 2.0 and b.ttft == 3.0
+    assert clock.busy_seconds == 4.0
+
+
+def test_prefix_cache_hit_is_whole_blocks_and_never_the_last_token() -> None:
+    cache = PrefixCache(capacity_tokens=1000, block_tokens=10)
+    assert cache.lookup_and_insert([1, 2, 3], prompt_tokens=35, now=0.0) == 0
+    assert cache.lookup_and_insert([1, 2, 9], prompt_tokens=35, now=1.0) == 20
+    assert cache.lookup_and_insert([1, 2, 9], prompt_tokens=30, now=2.0) == 29
+
+
+def test_percentile_nearest_rank() -> None:
+    assert percentile([], 50) == 0.0
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile(list(range(1, 101)), 99) == 99
+
+
+def test_mooncake_record_expands_to_text_of_input_length() -> None:
+    rec = {"timestamp": 1500, "input_length": 1000, "output_length": 7, "hash_ids": [4, 5]}
+    r = parse_record(rec, "t:1")
+    body = r.request_body()
+    assert r.timestamp == 1.5 and r.output_tokens == 7
+    assert len(body["prompt"]) == 1000 * 4
+    assert len(r.engine_keys) == 1000 // MOONCAKE_BLOCK_TOKENS
+    other = parse_record(dict(rec, hash_ids=[4, 6]), "t:2")
+    assert other.request_body()["prompt"][:2048] == body["prompt"][:2048]
+    assert other.engine_keys[0] == r.engine_keys[0]
+
+
+@pytest.mark.parametrize(
+    ("rec", "message"),
+    [
+        pytest.param(
+            {"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": "x"},
+            "hash_ids",
+            id="ids-not-list",
+        ),
+        pytest.param(
+            {"timestamp": -1, "input_length": 1, "output_length": 1, "hash_ids": []},
+            "timestamp",
+            id="negative-time",
+        ),
+        pytest.param(
+            {"timestamp": 0, "input_length": "a", "output_length": 1, "hash_ids": []},
+            "input_length",
+            id="length-string",
+        ),
+        pytest.param({"model": "m", "messages": "hi"}, "messages", id="body-bad-messages"),
+        pytest.param({"what": 1}, "neither", id="unknown-format"),
+        pytest.param([1, 2], "JSON object", id="not-object"),
+    ],
+)
+def test_parse_record_bad_input_names_field(rec: object, message: str) -> None:
+    with pytest.raises(TraceFormatError, match=message):
+        parse_record(rec, "trace.jsonl:3")
+
+
+def test_read_trace_bad_json_line_names_line(tmp_path: Path) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"model": "m", "prompt": "x", "timestamp": 0}\n{oops\n')
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:2: invalid JSON"):
+        read_trace(p)
+
+
+def test_synthetic_is_deterministic_and_conversations_grow() -> None:
+    spec = SyntheticSpec(requests=200, conversations=20)
+    a, b = list(synthetic(spec)), list(synthetic(spec))
+    assert [r.engine_keys for r in a] == [r.engine_keys for r in b]
+    by_session: dict[str | None, list[int]] = {}
+    for r in a:
+        by_session.setdefault(r.session, []).append(r.prompt_tokens)
+    assert any(len(v) > 2 and v == sorted(v) for v in by_session.values())
+
+
+def test_simulate_sample_kv_aware_beats_round_robin_on_hits() -> None:
+    trace = read_trace(SAMPLE)
+    policies = [load_policy(preset_path(n)) for n in ("round-robin", "kv-aware")]
+    rr, kv, pooled = simulate(policies, trace, Fleet(4, SPEC))
+    assert pooled.policy == "pooled-reference"
+    assert rr.requests == kv.requests == pooled.requests == len(trace)
+    assert rr.prompt_tokens == kv.prompt_tokens == pooled.prompt_tokens
+    assert kv.hit_ratio > rr.hit_ratio
+    assert kv.cached_tokens <= pooled.cached_tokens * 1.05 + 1
+    assert kv.load_imbalance >= 1.0 and kv.decision_us_p50 > 0
+
+
+def test_simulate_cli_json_fields(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable, "-m", "router.cli", "simulate", "--trace", str(SAMPLE),
+        "--workers", "4", "--capacity-tokens", "400000", "--json",
+        *(arg for n in NAMES for arg in ("--policy", n)),
+    ]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert [r["policy"] for r in rows] == [*NAMES, "pooled-reference"]
+    fields = {
+        "policy", "requests", "prompt_tokens", "cached_tokens", "hit_ratio", "ttft_p50",
+        "ttft_p99", "load_imbalance", "decision_us_p50", "decision_us_p99",
+    }  # fmt: skip
+    assert all(set(r) == fields for r in rows)
+
+
+def test_simulate_cli_table_and_bad_policy(tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "router.cli", "simulate", "--synthetic", "--requests", "150"]
+    res = subprocess.run(base, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[0].split()[:3] == ["policy", "requests", "hit_ratio"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\npicker: sideways\n")
+    res = subprocess.run([*base, "--policy", str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 1 and "picker: must be one of" in res.stderr

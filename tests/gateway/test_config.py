@@ -1,0 +1,210 @@
+"""The serve config file: the chart's exact shape, strict errors with field paths, flags."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from router.cli import main
+from router.commands import serve
+from router.gateway.config import (
+    Config,
+    ConfigError,
+    DnsBackends,
+    backend_url,
+    check_ready_to_serve,
+    load_config,
+    load_config_text,
+    with_overrides,
+)
+
+CHART_SHAPE = """
+listen: {host: 0.0.0.0, port: 8000}
+policy: /etc/kvrouter/policy/policy.yaml
+policy_reload: {enabled: true, interval_seconds: 2}
+backends:
+  static: [http://vllm-0.vllm:8000]
+  dns: {name: vllm-headless.default.svc.cluster.local, port: 8000, scheme: http, interval_seconds: 10}
+  models_refresh_seconds: 30
+health: {path: /health, interval_seconds: 5, timeout_seconds: 2, eject_after_failures: 3, readmit_backoff_seconds: 5, readmit_backoff_max_seconds: 60}
+timeouts: {connect_seconds: 5, first_byte_seconds: 300, idle_stream_seconds: 120}
+limits: {max_body_bytes: 16777216, max_attempts: 3}
+admin_token_env: KVROUTER_ADMIN_TOKEN
+gossip: {enabled: false, port: 7946, dns: "", peers: [], secret_env: KVROUTER_GOSSIP_SECRET, tls: {cert_file: "", key_file: "", ca_file: ""}}
+"""  # noqa: E501
+
+
+def test_config_chart_shape_loads_every_field() -> None:
+    c = load_config_text(CHART_SHAPE, "values.yaml")
+    assert (c.listen.host, c.listen.port) == ("0.0.0.0", 8000)
+    assert c.policy == "/etc/kvrouter/policy/policy.yaml"
+    assert c.policy_reload.enabled and c.policy_reload.interval_seconds == 2
+    assert c.backends.static == ("http://vllm-0.vllm:8000",)
+    dns = DnsBackends("vllm-headless.default.svc.cluster.local", 8000, "http", 10)
+    assert c.backends.dns == dns
+    assert c.backends.models_refresh_seconds == 30
+    h = c.health
+    assert (h.path, h.interval_seconds, h.timeout_seconds, h.eject_after_failures) == (
+        "/health",
+        5,
+        2,
+        3,
+    )
+    assert (h.readmit_backoff_seconds, h.readmit_backoff_max_seconds) == (5, 60)
+    t = c.timeouts
+    assert (t.connect_seconds, t.first_byte_seconds, t.idle_stream_seconds) == (5, 300, 120)
+    assert (c.limits.max_body_bytes, c.limits.max_attempts) == (16777216, 3)
+    assert c.admin_token_env == "KVROUTER_ADMIN_TOKEN"
+    assert not c.gossip.enabled and c.gossip.port == 7946 and c.gossip.peers == ()
+    assert c.gossip.secret_env == "KVROUTER_GOSSIP_SECRET" and c.gossip.tls.cert_file == ""
+
+
+def test_config_chart_shape_equals_defaults_but_backends() -> None:
+    c = load_config_text(CHART_SHAPE, "values.yaml")
+    d = Config()
+    assert (c.listen, c.policy_reload, c.health, c.timeouts, c.limits, c.gossip) == (
+        d.listen,
+        d.policy_reload,
+        d.health,
+        d.timeouts,
+        d.limits,
+        d.gossip,
+    )
+
+
+def test_config_empty_file_is_defaults() -> None:
+    assert load_config_text("", "empty.yaml") == Config()
+
+
+def test_config_empty_dns_name_means_no_dns() -> None:
+    c = load_config_text("backends: {dns: {name: '', port: 8000}}", "c.yaml")
+    assert c.backends.dns is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("listen: {hots: x}", "c.yaml: listen.hots: unknown field"),
+        ("listen: {port: 'eighty'}", "c.yaml: listen.port: must be an integer from 0 to 65535"),
+        ("backends: {static: http://a}", "c.yaml: backends.static: must be a list of strings"),
+        ("backends: {static: [ftp://a]}", "c.yaml: backends.static[0]: must start with http://"),
+        ("backends: {static: ['http://a?x=1']}", "backends.static[0]: must not carry a query"),
+        ("backends: {static: [3]}", "c.yaml: backends.static[0]: must be a string, got 3"),
+        ("backends: {dns: {name: a, scheme: udp}}", "backends.dns.scheme: must be one of http"),
+        ("health: {path: health}", "c.yaml: health.path: must start with '/'"),
+        (
+            "health: {readmit_backoff_seconds: 10, readmit_backoff_max_seconds: 5}",
+            "health.readmit_backoff_max_seconds: must not be below readmit_backoff_seconds",
+        ),
+        ("health: {eject_after_failures: 0}", "health.eject_after_failures: must be an integer"),
+        ("timeouts: {first_byte_seconds: -1}", "timeouts.first_byte_seconds: must be a number"),
+        ("limits: {max_attempts: true}", "limits.max_attempts: must be an integer from 1 to 16"),
+        ("gossip: {tls: {cert: x}}", "c.yaml: gossip.tls.cert: unknown field"),
+        ("gossip: {peers: [1]}", "c.yaml: gossip.peers[0]: must be a string"),
+        ("policy_reload: yes", "c.yaml: policy_reload: must be a mapping"),
+        ("- a\n- b", "c.yaml: (top level): must be a mapping"),
+        ("listen: {host: [", "c.yaml: line 1, column 17: invalid YAML"),
+        ("extra: 1", "c.yaml: extra: unknown field"),
+    ],
+    ids=lambda v: v if len(v) < 30 else v[:30],
+)
+def test_config_invalid_error_names_file_and_field(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config_text(text, "c.yaml")
+    assert expected in str(e.value)
+
+
+def test_config_unreadable_file_names_it(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(ConfigError, match=r"missing\.yaml: cannot read"):
+        load_config(missing)
+
+
+@pytest.mark.parametrize(
+    ("text", "url"),
+    [
+        ("http://a:8000/", "http://a:8000"),
+        ("HTTPS://A.example", "https://a.example:443"),
+        ("http://a.example:80/", "http://a.example:80"),
+        ("http://[::1]:9000", "http://[::1]:9000"),
+        ("http://[0:0::0001]:9000//", "http://[::1]:9000"),
+        ("http://h:1/prefix/", "http://h:1/prefix"),
+    ],
+    ids=["trailing-slash", "case-default-port", "explicit-default", "v6", "v6-compressed", "path"],
+)
+def test_backend_url_normalised(text: str, url: str) -> None:
+    assert backend_url(text) == url
+
+
+def test_overrides_flags_replace_file_values() -> None:
+    c = load_config_text(CHART_SHAPE, "values.yaml")
+    o = with_overrides(
+        c,
+        backends=["http://127.0.0.1:9/"],
+        backend_dns="engines.local:9100",
+        policy="round-robin",
+        host="127.0.0.1",
+        port=0,
+    )
+    assert o.backends.static == ("http://127.0.0.1:9",)
+    assert o.backends.dns == DnsBackends("engines.local", 9100, "http", 10)
+    assert (o.policy, o.listen.host, o.listen.port) == ("round-robin", "127.0.0.1", 0)
+    assert o.health == c.health
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"backends": ["localhost:8000"]}, "--backend: must start with http://"),
+        ({"backend_dns": "engines"}, "--backend-dns: must be NAME:PORT"),
+        ({"backend_dns": "engines:0"}, "--backend-dns: must be NAME:PORT"),
+    ],
+)
+def test_overrides_bad_flag_names_it(kwargs: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        with_overrides(Config(), **kwargs)  # type: ignore[arg-type]
+
+
+def test_check_no_backends_says_how_to_give_one() -> None:
+    with pytest.raises(ConfigError, match="no backends: give --backend URL"):
+        check_ready_to_serve(Config())
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    ns = parser.parse_args([])
+    for k, v in kw.items():
+        setattr(ns, k, v)
+    return ns
+
+
+def test_config_from_args_defaults_listen_on_every_interface() -> None:
+    c = serve.config_from_args(_args(backend=["http://127.0.0.1:1"]))
+    assert (c.listen.host, c.listen.port, c.policy) == ("0.0.0.0", 8000, "kv-aware")
+
+
+def test_serve_bad_config_exits_2_with_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "serve.yaml"
+    bad.write_text("limits: {max_attempts: 0}\n")
+    assert main(["serve", "--config", str(bad), "--backend", "http://127.0.0.1:1"]) == 2
+    assert "limits.max_attempts: must be an integer from 1 to 16" in capsys.readouterr().err
+
+
+def test_serve_bad_policy_exits_2_with_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("name: x\nscorers: [{type: load}]\n")
+    argv = ["serve", "--policy", str(bad), "--backend", "http://127.0.0.1:1", "--port", "0"]
+    assert main(argv) == 2
+    assert "scorers[0].weight: is required" in capsys.readouterr().err
+
+
+def test_serve_no_backend_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--port", "0"]) == 2
+    assert "no backends" in capsys.readouterr().err

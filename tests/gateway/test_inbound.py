@@ -1,0 +1,172 @@
+"""Parsing inbound requests: clear 400s for bad input, and no input that raises anything else."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from router.gateway.errors import BadRequest
+from router.gateway.inbound import PROMPT_FIELD, parse, session_of
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+
+
+def raw(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param", "says"),
+    [
+        (CHAT, b"", None, "the request body is empty"),
+        (CHAT, b"{", None, "not valid JSON"),
+        (CHAT, b"\xff\xfe", None, "not valid JSON"),
+        (CHAT, b"[1]", None, "must be a JSON object, got an array"),
+        (CHAT, b'"x"', None, "must be a JSON object, got a string"),
+        (CHAT, raw({"messages": [{"role": "user", "content": "x"}]}), "model", "(missing)"),
+        (CHAT, raw({"model": 3, "messages": []}), "model", "got a number"),
+        (CHAT, raw({"model": "", "messages": []}), "model", "non-empty string"),
+        (CHAT, raw({"model": "m"}), "messages", "'messages' is required"),
+        (CHAT, raw({"model": "m", "messages": []}), "messages", "non-empty array"),
+        (CHAT, raw({"model": "m", "messages": "hi"}), "messages", "non-empty array"),
+        (CHAT, raw({"model": "m", "messages": [1]}), "messages[0]", "must be an object"),
+        (
+            CHAT,
+            raw({"model": "m", "messages": [{"role": 1, "content": "x"}]}),
+            "messages[0].role",
+            "must be a string",
+        ),
+        (
+            CHAT,
+            raw({"model": "m", "messages": [{"role": "user", "content": 5}]}),
+            "messages[0].content",
+            "string or an array",
+        ),
+        (
+            CHAT,
+            raw({"model": "m", "messages": [{"role": "u", "content": "x"}], "stream": "yes"}),
+            "stream",
+            "'stream' must be a boolean, got a string",
+        ),
+        (COMPLETIONS, raw({"model": "m"}), "prompt", "'prompt' is required"),
+        (COMPLETIONS, raw({"model": "m", "prompt": 3}), "prompt", "must be a string"),
+        (COMPLETIONS, raw({"model": "m", "prompt": [1, "a"]}), "prompt", "token ids"),
+        (EMBEDDINGS, raw({"model": "m"}), "input", "'input' is required"),
+        (EMBEDDINGS, raw({"model": "m", "input": {}}), "input", "must be a string"),
+        (CHAT, b'{"model": "m", "messages": [{"role": "u", "content": 1e999}]}', None, "JSON"),
+        # orjson reads an integer beyond 64 bits as a float, which is no token id
+        (
+            COMPLETIONS,
+            b'{"model": "m", "prompt": [123456789012345678901234567890]}',
+            "prompt",
+            "ids",
+        ),
+    ],
+)
+def test_parse_bad_body_400_names_field(
+    route: str, body: bytes, param: str | None, says: str
+) -> None:
+    with pytest.raises(BadRequest) as e:
+        parse(body, route)
+    assert e.value.status == 400
+    assert e.value.param == param
+    assert says in e.value.message
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "stream"),
+    [
+        (CHAT, {"model": "m", "messages": [{"role": "user", "content": "hi"}]}, False),
+        (
+            CHAT,
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+            True,
+        ),
+        (COMPLETIONS, {"model": "m", "prompt": "hi", "stream": None}, False),
+        (COMPLETIONS, {"model": "m", "prompt": [1, 2, 3]}, False),
+        (EMBEDDINGS, {"model": "m", "input": ["a", "b"]}, False),
+        (EMBEDDINGS, {"model": "m", "messages": [{"role": "user", "content": "x"}]}, False),
+    ],
+)
+def test_parse_good_body_keeps_model_and_stream(
+    route: str, body: dict[str, Any], stream: bool
+) -> None:
+    got = parse(raw(body), route)
+    assert got.model == "m"
+    assert got.stream is stream
+    assert got.text.namespace == "m"
+
+
+def test_session_header_first_then_user_field() -> None:
+    body = {"model": "m", "prompt": "x", "user": "alice"}
+    inbound = parse(raw(body), COMPLETIONS)
+    assert session_of(inbound, {"x-session-id": "s1"}, "x-session-id", True) == "s1"
+    assert session_of(inbound, {}, "x-session-id", True) == "alice"
+    assert session_of(inbound, {}, "x-session-id", False) is None
+
+
+# -- fuzzing: no input raises anything but BadRequest -------------------------------------
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+keys = st.sampled_from(
+    ["model", "messages", "prompt", "input", "stream", "role", "content", "type", "text",
+     "image_url", "url", "tools", "tool_calls", "name", "user", "lora_path"]
+)  # fmt: skip
+# Bodies shaped like requests, so that fuzzing reaches deep into the message checks.
+shaped = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=6),
+    max_leaves=40,
+)
+bodies = st.fixed_dictionaries(
+    {"model": st.sampled_from(["m", "", 1, None])},
+    optional={"messages": shaped, "prompt": shaped, "input": shaped, "stream": shaped},
+)
+
+
+def _only_bad_request(data: bytes, route: str) -> None:
+    try:
+        parse(data, route)
+    except BadRequest as e:
+        assert e.status == 400 and e.message
+
+
+routes = st.sampled_from(sorted(PROMPT_FIELD))
+fuzz = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@fuzz
+@given(st.binary(max_size=200), routes)
+def test_fuzz_parse_any_bytes_only_bad_request(data: bytes, route: str) -> None:
+    _only_bad_request(data, route)
+
+
+@fuzz
+@given(json_values, routes)
+def test_fuzz_parse_any_json_only_bad_request(value: Any, route: str) -> None:
+    _only_bad_request(json.dumps(value).encode(), route)
+
+
+@fuzz
+@given(bodies, routes)
+def test_fuzz_parse_request_shaped_json_only_bad_request(value: Any, route: str) -> None:
+    _only_bad_request(json.dumps(value).encode(), route)

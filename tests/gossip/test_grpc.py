@@ -1,0 +1,247 @@
+"""Gossip over real grpc.aio servers on loopback: convergence, auth, TLS, failure detection.
+
+Waits are bounded (``eventually``) and nothing asserts on how long something took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from router.core.index import BlockIndex, IndexLimits
+from router.core.load import Load, LoadBook
+from router.gateway.gossip_delegate import IndexDelegate, run_origin
+from router.gossip.auth import Sealer
+from router.gossip.config import LOCAL, GossipConfig, TlsFiles
+from router.gossip.grpc_transport import transport_for
+from router.gossip.membership import State
+from router.gossip.node import GossipNode
+from router.gossip.pb import gossip_pb2_grpc
+from router.gossip.wire import PROTOCOL_VERSION, pb
+from tests.support import LOOPBACK, free_port
+
+SECRET = b"grpc-test-secret-0123456789"
+LIMITS = IndexLimits(engine_capacity_blocks=4096)
+
+
+@dataclass
+class Peer:
+    name: str
+    port: int
+    node: GossipNode
+    index: BlockIndex
+    loads: LoadBook
+    bridge: IndexDelegate
+
+    @property
+    def address(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+
+class Nodes:
+    """Starts gossip nodes on loopback and stops every one of them at the end."""
+
+    def __init__(self) -> None:
+        self.started: list[Peer] = []
+
+    async def start(
+        self,
+        name: str,
+        *,
+        port: int | None = None,
+        seeds: tuple[str, ...] = (),
+        secret: bytes | None = SECRET,
+        tls: TlsFiles | None = None,
+    ) -> Peer:
+        port = port or free_port()
+        config = GossipConfig(
+            node_id=name,
+            bind=f"{LOOPBACK}:{port}",
+            seeds=seeds,
+            secret=secret,
+            tls=tls,
+            tuning=LOCAL,
+        )
+        index = BlockIndex(LIMITS, origin=run_origin(name))
+        loads = LoadBook()
+        bridge = IndexDelegate(index, loads)
+        node = GossipNode(config, bridge, transport_for(config))
+        await node.start()
+        peer = Peer(name, port, node, index, loads, bridge)
+        self.started.append(peer)
+        return peer
+
+    async def stop_all(self) -> None:
+        for p in self.started:
+            await p.node.stop(leave=False)
+
+
+@pytest.fixture
+async def nodes() -> AsyncIterator[Nodes]:
+    n = Nodes()
+    try:
+        yield n
+    finally:
+        await n.stop_all()
+
+
+async def eventually(check: Callable[[], bool], limit: float = 15.0) -> bool:
+    """Poll ``check`` every 20 ms for at most ``limit`` seconds."""
+    for _ in range(int(limit / 0.02)):
+        if check():
+            return True
+        await asyncio.sleep(0.02)
+    return check()
+
+
+def alive_peers(p: Peer) -> int:
+    return p.node.stats().peers["alive"]
+
+
+def state_of(p: Peer, name: str) -> State | None:
+    return next((m.state for m in p.node.members() if m.id == name), None)
+
+
+async def test_grpc_three_nodes_share_deltas_and_load(nodes: Nodes) -> None:
+    a = await nodes.start("a")
+    b = await nodes.start("b", seeds=(a.address,))
+    c = await nodes.start("c", seeds=(b.address,))
+    peers = [a, b, c]
+    assert await eventually(lambda: all(alive_peers(p) == 2 for p in peers))
+    b.bridge.queue(b.index.record("engine", [1, 2, 3], 0.0))
+    c.loads.acquire("engine", 64)
+    assert await eventually(
+        lambda: all(set(p.index.export_keys("engine")) == {1, 2, 3} for p in peers)
+    )
+    assert await eventually(lambda: all(p.loads.total("engine") == Load(1, 64) for p in peers))
+    assert a.node.stats().counters.bytes_in > 0
+
+
+async def test_grpc_wrong_secret_refused_counted_not_merged(nodes: Nodes) -> None:
+    a = await nodes.start("a")
+    rogue = await nodes.start("rogue", seeds=(a.address,), secret=b"some-other-secret-987654")
+    rogue.bridge.queue(rogue.index.record("engine", [9], 0.0))
+    assert await eventually(lambda: a.node.stats().counters.refused_mac >= 2)
+    assert [m.id for m in a.node.members()] == ["a"]
+    assert a.index.export_keys("engine") == []
+    assert rogue.node.stats().counters.call_failures >= 1
+
+
+async def test_grpc_generated_stub_speaks_the_protocol(nodes: Nodes) -> None:
+    a = await nodes.start("a")
+    sealer = Sealer(SECRET)
+    frame = pb.Frame(
+        version=PROTOCOL_VERSION,
+        sender="stub-client",
+        sent_unix_ms=int(time.time() * 1000),
+        nonce=12345,
+        ping=pb.Ping(target_id="a"),
+    )
+    data = frame.SerializeToString()
+    async with grpc.aio.insecure_channel(a.address) as channel:
+        stub = gossip_pb2_grpc.GossipStub(channel)
+        reply = await stub.Exchange(pb.Envelope(frame=data, mac=sealer.mac(data)), timeout=5)
+        sealer.verify(reply.frame, reply.mac)
+        answer = pb.Frame.FromString(reply.frame)
+        assert answer.reply_to == 12345 and answer.WhichOneof("body") == "ack"
+        # The same envelope again is a replay.
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.Exchange(pb.Envelope(frame=data, mac=sealer.mac(data)), timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert a.node.stats().counters.refused_replay == 1
+
+
+async def test_grpc_stopped_node_dead_restarted_node_alive(nodes: Nodes) -> None:
+    a = await nodes.start("a")
+    b = await nodes.start("b", seeds=(a.address,))
+    c = await nodes.start("c", seeds=(a.address,))
+    assert await eventually(lambda: all(alive_peers(p) == 2 for p in (a, b, c)))
+    c.loads.acquire("engine", 5)
+    assert await eventually(lambda: a.loads.total("engine") == Load(1, 5))
+    await c.node.stop(leave=False)
+    assert await eventually(
+        lambda: state_of(a, "c") is State.DEAD and state_of(b, "c") is State.DEAD
+    )
+    assert a.loads.total("engine") == Load(0, 0)
+    back = await nodes.start("c", port=c.port, seeds=(a.address,))
+    assert await eventually(lambda: all(state_of(p, "c") is State.ALIVE for p in (a, b)))
+    assert back.node.stats().incarnation >= 1
+
+
+def _make_certs(root: Path) -> tuple[TlsFiles, TlsFiles]:
+    """A CA with one node certificate, and a certificate from an unrelated CA."""
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=root)
+
+    ext = root / "ext.cnf"
+    ext.write_text("subjectAltName=DNS:kvrouter-gossip\nextendedKeyUsage=serverAuth,clientAuth\n")
+    files = []
+    for ca in ("ca", "other-ca"):
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        run(
+            "req",
+            "-x509",
+            *ec,
+            "-keyout",
+            f"{ca}.key",
+            "-out",
+            f"{ca}.pem",
+            "-days",
+            "1",
+            "-subj",
+            f"/CN={ca}",
+        )
+        run(
+            "req",
+            *ec,
+            "-keyout",
+            f"{ca}-node.key",
+            "-out",
+            f"{ca}-node.csr",
+            "-subj",
+            "/CN=kvrouter-gossip",
+        )
+        run(
+            "x509",
+            "-req",
+            "-in",
+            f"{ca}-node.csr",
+            "-CA",
+            f"{ca}.pem",
+            "-CAkey",
+            f"{ca}.key",
+            "-CAcreateserial",
+            "-out",
+            f"{ca}-node.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "ext.cnf",
+        )
+        files.append(TlsFiles(root / f"{ca}-node.pem", root / f"{ca}-node.key", root / f"{ca}.pem"))
+    return files[0], files[1]
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+async def test_grpc_mutual_tls_peers_converge_outsider_refused(
+    nodes: Nodes, tmp_path: Path
+) -> None:
+    tls, outsider_tls = _make_certs(tmp_path)
+    a = await nodes.start("a", secret=None, tls=tls)
+    b = await nodes.start("b", seeds=(a.address,), secret=None, tls=tls)
+    assert await eventually(lambda: alive_peers(a) == 1 and alive_peers(b) == 1)
+    a.bridge.queue(a.index.record("engine", [4, 5], 0.0))
+    assert await eventually(lambda: set(b.index.export_keys("engine")) == {4, 5})
+    outsider = await nodes.start("outsider", seeds=(a.address,), secret=None, tls=outsider_tls)
+    assert await eventually(lambda: outsider.node.stats().counters.call_failures >= 3)
+    assert {m.id for m in a.node.members()} == {"a", "b"}
