@@ -14,7 +14,7 @@ import argparse
 import random
 import time
 
-from router.core.decision import Router
+from router.core.decision import RoutingCore
 from router.core.policy import load_policy
 from router.core.simulator import percentile
 from router.presets import preset_path
@@ -34,14 +34,16 @@ def words(rng: random.Random, chars: int) -> str:
 
 def measure(engines: int, tokens: int, samples: int) -> tuple[float, float]:
     rng = random.Random(engines * 7 + tokens)
-    router = Router(load_policy(preset_path("kv-aware")))
+    router = RoutingCore(load_policy(preset_path("kv-aware")))
     names = [f"http://engine-{i}:8000" for i in range(engines)]
     router.set_engines(dict.fromkeys(names, 1))
     chars = tokens * CHARS_PER_TOKEN
     prefixes = [words(rng, chars // 2) for _ in range(8)]
     for i in range(min(engines, 64)):  # warm: every engine holds something
-        d = router.route({"model": "m", "prompt": words(rng, 2048)}, names, now=float(i))
-        router.finish(d)
+        d = router.decide({"model": "m", "prompt": words(rng, 2048)}, names, now=float(i))
+        lease = router.acquire(d, str(d.engine), float(i))
+        router.record(lease, float(i))
+        router.release(lease)
     bodies = [
         {"model": "m", "prompt": rng.choice(prefixes) + words(rng, chars - chars // 2)}
         for _ in range(samples)
@@ -49,10 +51,14 @@ def measure(engines: int, tokens: int, samples: int) -> tuple[float, float]:
     clock = time.thread_time_ns
     times = []
     for i, body in enumerate(bodies):
+        # The routing work of one request on the event loop: the decision, taking the load,
+        # and recording the prefix at the first byte.
         t0 = clock()
-        d = router.route(body, names, now=100.0 + i)
+        d = router.decide(body, names, now=100.0 + i)
+        lease = router.acquire(d, str(d.engine), 100.0 + i)
+        router.record(lease, 100.0 + i)
         times.append(clock() - t0)
-        router.finish(d)
+        router.release(lease)
     return percentile(times, 50) / 1000, percentile(times, 99) / 1000
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
 
 from router.gateway.config import (
     DEFAULT_HOST,
@@ -33,11 +32,6 @@ from router.gateway.config import (
 )
 from router.gateway.runtime import gossip_from, run_gateway, setup_logging
 from router.presets import DEFAULT, NAMES
-
-if TYPE_CHECKING:
-    pass
-
-
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
         if args.workers != 1:
+            # Imported only for --workers: it brings the gossip library (grpc) with it.
             from router.gateway.workers import supervise
 
             return supervise(cfg, args.workers, args.log_level)

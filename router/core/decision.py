@@ -1,133 +1,126 @@
-"""The routing decision: the one function the gateway and the simulator both call.
+"""The routing decision and the named state changes around it: one request's life in the core.
 
-``Router.route`` takes a request body and the engines that may serve it, and returns a
-``Decision``: the pick, the fallbacks in order, and everything needed to explain it. On the way
-it records the request's blocks for the chosen engine (the router's belief until the engine
-says otherwise) and takes the request's load, which the caller gives back with ``finish``.
+The gateway and the simulator both drive a request through ``RoutingCore`` in the same order:
 
-Order of a decision, as in DESIGN.md:
-1. block keys of the canonical routing text;
-2. per candidate: leading blocks held (index), fleet-wide in-flight requests and tokens;
-3. the bounded-load filter marks candidates over the cap ineligible;
-4. the picker: round-robin, the ring home, or the best weighted score; with
-   ``cold_prefix: ring``, a prefix nobody holds goes to its ring home so that every replica
-   agrees on it before gossip spreads the news.
+1. ``decide``: a query. Block keys of the canonical routing text; per candidate the leading
+   blocks it holds (confirmed, or provisional for attempts in flight), the fleet-wide
+   in-flight requests and tokens; the bounded-load filter; the picker (round-robin, the ring
+   home, or the best weighted score; with ``cold_prefix: ring`` a prefix nobody holds goes to
+   its ring home, so every replica agrees on it before gossip spreads the news). It returns a
+   frozen ``Decision``: the pick, the ordered fallbacks, and the explanation. Nothing changes.
+2. ``acquire(decision, engine, now)``: take the engine's load and put the request's blocks in
+   the index *provisionally* for it (``core.predictions``: not gossiped, withdrawn on
+   failure); returns a ``Lease``.
+3. ``record(lease, now)``: the engine's answer has begun (its first byte), so it holds the
+   prefix: the entries are confirmed and the ``Delta`` to publish is returned.
+4. ``release(lease)``: on every exit, exactly once (a second call is a no-op): the load goes
+   back, and provisional entries no answer confirmed (a failed attempt) are withdrawn.
+
+``forget(engine)`` drops everything believed of an engine (it restarted, or was replaced).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from router.core.blocks import RoutingText, block_keys, namespace_seed, routing_text
 from router.core.index import BlockIndex, Delta, IndexLimits
 from router.core.load import LoadBook
 from router.core.policy import Policy
+from router.core.predictions import Predictions
 from router.core.ring import BoundedLoadRing, load_cap
 from router.core.scoring import SCORERS, Inputs
 
 
 @dataclass(frozen=True, slots=True)
-class EngineView:
-    """One candidate as the decision saw it."""
-
-    engine: str
-    overlap_blocks: int
-    inflight_requests: int
-    inflight_tokens: int
-    eligible: bool
-    scores: Mapping[str, float]
-    total: float
-
-
-@dataclass(slots=True)
 class Decision:
-    """Where a request goes and why; ``engine`` is None when no candidate could take it."""
+    """Where a request goes, where next if that fails, and why; ``engine`` None: nowhere."""
 
     engine: str | None
     reason: str
-    keys: list[int]
+    keys: tuple[int, ...]
     prompt_tokens: int
     inputs: Inputs
-    eligible: list[bool]
-    scores: dict[str, list[float]]
-    totals: list[float]
-    tried: list[str] = field(default_factory=list)
-    delta: Delta | None = None
-    # In-flight tokens taken on ``engine``: the prompt tokens it was not believed to hold.
-    charged_tokens: int = 0
-    # True while ``engine`` holds this request's load; ``finish`` clears it exactly once.
-    holds_load: bool = False
+    # Per candidate, in ``inputs.candidates`` order: of its overlap, the provisional blocks.
+    predicted: tuple[int, ...]
+    eligible: tuple[bool, ...]
+    scores: Mapping[str, tuple[float, ...]]
+    totals: tuple[float, ...]
+    # The other candidates, best first: eligible before ineligible, then by score.
+    fallbacks: tuple[str, ...]
+    session: str | None = None
 
-    @property
-    def overlap_blocks(self) -> int:
-        """Leading blocks the chosen engine held when the decision was made."""
-        if self.engine is None:
-            return 0
-        i = self.inputs.candidates.index(self.engine)
-        return self.inputs.overlaps[i]
+    def plan(self) -> tuple[str, ...]:
+        """The engines to try, in order: the pick, then the fallbacks."""
+        return () if self.engine is None else (self.engine, *self.fallbacks)
+
+    def overlap_of(self, engine: str) -> int:
+        """Leading blocks ``engine`` held (or was predicted to) when the decision was made."""
+        x = self.inputs
+        return x.overlaps[x.candidates.index(engine)] if engine in x.candidates else 0
 
     @property
     def overlap_ratio(self) -> float:
-        return self.overlap_blocks / len(self.keys) if self.keys else 0.0
-
-    def fallbacks(self) -> list[str]:
-        """Candidates not yet tried, best first: eligible before ineligible, then by score."""
-        x = self.inputs
-        order = sorted(
-            range(len(x.candidates)),
-            key=lambda i: (not self.eligible[i], -self.totals[i], x.requests[i]),
-        )
-        tried = set(self.tried)
-        return [x.candidates[i] for i in order if x.candidates[i] not in tried]
+        """The share of the request's blocks the chosen engine held."""
+        if self.engine is None or not self.keys:
+            return 0.0
+        return self.overlap_of(self.engine) / len(self.keys)
 
     def explain(self) -> dict[str, Any]:
         """A JSON-ready account of the decision, per candidate."""
         x = self.inputs
-        views = [
-            EngineView(
-                engine=e,
-                overlap_blocks=x.overlaps[i],
-                inflight_requests=x.requests[i],
-                inflight_tokens=x.tokens[i],
-                eligible=self.eligible[i],
-                scores={name: round(v[i], 6) for name, v in self.scores.items()},
-                total=round(self.totals[i], 6),
-            )
-            for i, e in enumerate(x.candidates)
-        ]
         return {
             "engine": self.engine,
             "reason": self.reason,
             "blocks": len(self.keys),
             "prompt_tokens": self.prompt_tokens,
+            "fallbacks": list(self.fallbacks),
             "candidates": [
                 {
-                    "engine": v.engine,
-                    "overlap_blocks": v.overlap_blocks,
-                    "inflight_requests": v.inflight_requests,
-                    "inflight_tokens": v.inflight_tokens,
-                    "eligible": v.eligible,
-                    "scores": dict(v.scores),
-                    "total": v.total,
+                    "engine": e,
+                    "overlap_blocks": x.overlaps[i],
+                    "predicted_blocks": self.predicted[i],
+                    "inflight_requests": x.requests[i],
+                    "inflight_tokens": x.tokens[i],
+                    "eligible": self.eligible[i],
+                    "scores": {name: round(v[i], 6) for name, v in self.scores.items()},
+                    "total": round(self.totals[i], 6),
                 }
-                for v in views
+                for i, e in enumerate(x.candidates)
             ],
         }
 
 
-class Router:
-    """The routing core's state (index, loads, ring, policy) behind one decision function."""
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One attempt's hold on an engine: the load it took and the blocks it claimed."""
+
+    id: int
+    engine: str
+    tokens: int  # in-flight prompt tokens charged: the part the engine was not believed to hold
+    keys: tuple[int, ...]
+    fresh: tuple[int, ...]  # of ``keys``, those the engine was not believed to hold: claimed
+    session: str | None
+
+
+class RoutingCore:
+    """The routing core's state (index, loads, predictions, ring, policy) and its operations."""
 
     def __init__(self, policy: Policy, origin: str = "local") -> None:
         self.policy = policy
         self.origin = origin
         self.index = BlockIndex(self._limits(policy), origin)
         self.loads = LoadBook()
+        self.predictions = Predictions()
         self.ring = BoundedLoadRing()
-        self._rr = 0
+        self._turn = 0  # round-robin's position, advanced by ``acquire``
         self._sessions: dict[str, str] = {}
+        # Outstanding leases -> whether their claims are still unconfirmed.
+        self._leases: dict[int, bool] = {}
+        self._lease_ids = itertools.count(1)
 
     @staticmethod
     def _limits(policy: Policy) -> IndexLimits:
@@ -157,19 +150,22 @@ class Router:
             self.index = BlockIndex(self._limits(policy), self.origin, seq=self.index.seq)
             for e in engines:
                 self.index.add_engine(e)
+            # Claims on the old keys: the old index is gone; leases still out withdraw claims
+            # that are no longer there, which ``Predictions.withdraw`` ignores.
+            self.predictions.clear()
         elif self._limits(policy) != self.index.limits:
             self.index.limits = self._limits(policy)
             for e in self.index.engines:
                 self.index.add_engine(e)
 
-    # -- the decision ------------------------------------------------------------------------
+    # -- the query ---------------------------------------------------------------------------
 
     def keys_of(self, body: Mapping[str, Any] | RoutingText) -> tuple[RoutingText, list[int]]:
         """Canonical routing text and block keys; raises ``RequestShapeError`` on a bad body."""
         rt = body if isinstance(body, RoutingText) else routing_text(body)
         return rt, block_keys(rt, self.policy.block_chars)
 
-    def route(
+    def decide(
         self,
         body: Mapping[str, Any] | RoutingText,
         candidates: Sequence[str],
@@ -177,73 +173,35 @@ class Router:
         session: str | None = None,
         prompt_tokens: int | None = None,
     ) -> Decision:
-        """Pick an engine among ``candidates`` for ``body``; take its load and record blocks."""
+        """Where ``body`` should go among ``candidates``, and why. Changes nothing."""
         rt, keys = self.keys_of(body)
         tokens = rt.approx_tokens if prompt_tokens is None else prompt_tokens
-        d = self.decide(keys, tokens, candidates, now, session, namespace_seed(rt.namespace))
-        if d.engine is not None:
-            self._commit(d, d.engine, now, session)
-        return d
+        return self.decide_keys(
+            keys, tokens, candidates, now, session, namespace_seed(rt.namespace)
+        )
 
-    def retry(self, d: Decision, now: float) -> str | None:
-        """Move a failed attempt to the next-best candidate; None when none is left."""
-        self._release(d)
-        if d.engine is not None:
-            d.tried.append(d.engine)
-        nxt = next(iter(d.fallbacks()), None)
-        d.engine = nxt
-        if nxt is None:
-            d.reason = "no-candidates-left"
-            return None
-        d.reason = "retry"
-        self._commit(d, nxt, now, None)
-        return nxt
-
-    def finish(self, d: Decision) -> None:
-        """Give back the load a routed request took (on every exit path, exactly once)."""
-        self._release(d)
-
-    def _release(self, d: Decision) -> None:
-        if d.holds_load and d.engine is not None:
-            self.loads.release(d.engine, d.charged_tokens)
-            d.holds_load = False
-
-    def _commit(self, d: Decision, engine: str, now: float, session: str | None) -> None:
-        d.charged_tokens = d.inputs.uncached(d.inputs.candidates.index(engine))
-        self.loads.acquire(engine, d.charged_tokens)
-        d.holds_load = True
-        if d.keys:
-            d.delta = self.index.record(engine, d.keys, now)
-        if session is not None:
-            self._remember_session(session, engine)
-
-    def _remember_session(self, session: str, engine: str) -> None:
-        s = self.policy.scorer("session-affinity")
-        limit = s.max_sessions if s is not None else 0
-        if not limit:
-            return
-        sessions = self._sessions
-        sessions.pop(session, None)
-        sessions[session] = engine
-        if len(sessions) > limit:
-            del sessions[next(iter(sessions))]
-
-    def decide(
+    def decide_keys(
         self,
-        keys: list[int],
+        keys: Sequence[int],
         prompt_tokens: int,
         candidates: Sequence[str],
         now: float,
         session: str | None = None,
         seed: int = 0,
     ) -> Decision:
-        """The pure decision over the current state; changes nothing but round-robin's turn."""
+        """``decide`` for keys already computed (``seed`` names the ring home of no blocks)."""
         p = self.policy
         cands = list(dict.fromkeys(candidates))
+        overlaps = self.index.overlaps(keys, cands, now)
+        predicted = [0] * len(cands)
+        if self.predictions:
+            for i, e in enumerate(cands):
+                if overlaps[i]:
+                    predicted[i] = self.predictions.count(e, keys[: overlaps[i]])
         x = Inputs(
             candidates=cands,
             blocks=len(keys),
-            overlaps=self.index.overlaps(keys, cands, now),
+            overlaps=overlaps,
             requests=self.loads.requests(cands),
             tokens=self.loads.tokens(cands),
             session_engine=self._sessions.get(session) if session is not None else None,
@@ -257,25 +215,50 @@ class Router:
             w = s.weight
             if w:
                 totals = [t + w * v for t, v in zip(totals, scores[s.type], strict=True)]
-        d = Decision(None, "no-candidates", keys, prompt_tokens, x, eligible, scores, totals)
+        engine, reason = self._pick(x, keys, eligible, totals, seed)
+        order = sorted(
+            range(len(cands)), key=lambda i: (not eligible[i], -totals[i], x.requests[i])
+        )
+        return Decision(
+            engine=engine,
+            reason=reason,
+            keys=tuple(keys),
+            prompt_tokens=prompt_tokens,
+            inputs=x,
+            predicted=tuple(predicted),
+            eligible=tuple(eligible),
+            scores={k: tuple(v) for k, v in scores.items()},
+            totals=tuple(totals),
+            fallbacks=tuple(cands[i] for i in order if cands[i] != engine),
+            session=session,
+        )
+
+    def _pick(
+        self,
+        x: Inputs,
+        keys: Sequence[int],
+        eligible: list[bool],
+        totals: list[float],
+        seed: int,
+    ) -> tuple[str | None, str]:
+        p = self.policy
+        cands = x.candidates
         if not cands:
-            return d
+            return None, "no-candidates"
         # The ring key is the first block nobody holds: for a cold prefix its first block, for a
         # shared system prompt the block where this conversation parts from the others (so new
         # conversations behind one popular prompt spread instead of meeting on one home).
         ring_key = keys[min(max(x.overlaps, default=0), len(keys) - 1)] if keys else seed
         if p.picker == "round-robin":
-            self._rr += 1
-            d.engine, d.reason = cands[self._rr % len(cands)], "round-robin"
-        elif p.picker == "ring" or (p.cold_prefix == "ring" and not any(x.overlaps)):
+            return cands[(self._turn + 1) % len(cands)], "round-robin"
+        if p.picker == "ring" or (p.cold_prefix == "ring" and not any(x.overlaps)):
             ok = {e for e, fine in zip(cands, eligible, strict=True) if fine}
-            d.engine = self.ring.home(ring_key, ok.__contains__)
-            d.reason = "ring" if p.picker == "ring" else "cold-prefix-ring"
-            if d.engine is None:  # engines that are candidates but not (yet) on the ring
-                d.engine = self._best(x, eligible, totals, ring_key)
-        else:
-            d.engine, d.reason = self._best(x, eligible, totals, ring_key), "best-score"
-        return d
+            home = self.ring.home(ring_key, ok.__contains__)
+            reason = "ring" if p.picker == "ring" else "cold-prefix-ring"
+            if home is None:  # engines that are candidates but not (yet) on the ring
+                home = self._best(x, eligible, totals, ring_key)
+            return home, reason
+        return self._best(x, eligible, totals, ring_key), "best-score"
 
     def _eligible(self, x: Inputs, prompt_tokens: int) -> list[bool]:
         b = self.policy.bounded_load
@@ -285,6 +268,8 @@ class Router:
             loads, weight = x.requests, 1
         else:
             loads, weight = x.tokens, max(1, prompt_tokens)
+        if not loads:
+            return []
         # The least loaded engine always stays admissible: with token loads one request can
         # outweigh the whole margin, and a cap that admits nobody would route nowhere.
         cap = max(load_cap(sum(loads), len(loads), b.epsilon, weight), min(loads) + weight)
@@ -305,3 +290,62 @@ class Router:
         names = {x.candidates[i] for i in tied}
         home = self.ring.home(seed, names.__contains__)
         return home if home is not None else min(names)
+
+    # -- the state changes -------------------------------------------------------------------
+
+    def acquire(self, d: Decision, engine: str, now: float) -> Lease:
+        """Take ``engine``'s load for an attempt of ``d`` and claim its blocks there."""
+        x = d.inputs
+        tokens = x.uncached(x.candidates.index(engine)) if engine in x.candidates else 0
+        held = self.index.overlaps(d.keys, (engine,), now)[0] if d.keys else 0
+        fresh = d.keys[held:]
+        lease = Lease(next(self._lease_ids), engine, tokens, d.keys, fresh, d.session)
+        self.loads.acquire(engine, tokens)
+        if d.keys:
+            self.index.predict(engine, d.keys, now)
+            self.predictions.claim(engine, fresh)
+        self._leases[lease.id] = True
+        if d.reason == "round-robin" and engine == d.engine:
+            self._turn += 1
+        return lease
+
+    def record(self, lease: Lease, now: float) -> Delta | None:
+        """The engine answered (first byte): it holds the prefix. The delta to publish, if any."""
+        if not self._leases.get(lease.id):
+            return None  # released already, or recorded before
+        self._leases[lease.id] = False
+        if lease.session is not None:
+            self._remember_session(lease.session, lease.engine)
+        if not lease.keys:
+            return None
+        self.predictions.confirm(lease.engine, lease.keys)
+        return self.index.record(lease.engine, lease.keys, now)
+
+    def release(self, lease: Lease) -> None:
+        """End an attempt: give its load back and withdraw claims no answer confirmed."""
+        unconfirmed = self._leases.pop(lease.id, None)
+        if unconfirmed is None:
+            return
+        self.loads.release(lease.engine, lease.tokens)
+        if unconfirmed and lease.fresh:
+            self.index.withdraw(lease.engine, self.predictions.withdraw(lease.engine, lease.fresh))
+
+    def forget(self, engine: str) -> Delta:
+        """Believe ``engine`` holds nothing (it restarted or was replaced); the delta to publish."""
+        return self.index.clear(engine)
+
+    @property
+    def outstanding(self) -> int:
+        """Leases acquired and not yet released (0 whenever the gateway is idle)."""
+        return len(self._leases)
+
+    def _remember_session(self, session: str, engine: str) -> None:
+        s = self.policy.scorer("session-affinity")
+        limit = s.max_sessions if s is not None else 0
+        if not limit:
+            return
+        sessions = self._sessions
+        sessions.pop(session, None)
+        sessions[session] = engine
+        if len(sessions) > limit:
+            del sessions[next(iter(sessions))]

@@ -104,6 +104,14 @@ class BlockIndex:
         self._touch(engine, keys, now)
         return Delta(self.origin, self._next(), engine, added=tuple(keys))
 
+    def predict(self, engine: str, keys: Sequence[int], now: float) -> None:
+        """Hold ``keys`` for ``engine`` provisionally: no delta (see ``core.predictions``)."""
+        self._touch(engine, keys, now)
+
+    def withdraw(self, engine: str, keys: Iterable[int]) -> None:
+        """Take back provisional keys that no answer confirmed: no delta, nothing was told."""
+        self._discard(engine, keys)
+
     def remove(self, engine: str, keys: Iterable[int]) -> Delta:
         keys = tuple(keys)
         self._discard(engine, keys)
@@ -145,12 +153,11 @@ class BlockIndex:
             return out
         first = keys[0]
         tables = self._tables
-        chain = keys if isinstance(keys, list) else list(keys)
         # Most engines do not hold the first block: one dict probe each rules them out.
         for i, e in enumerate(engines):
             t = tables.get(e)
             if t is not None and first in t:
-                out[i] = self._engines[e].leading(chain, now)
+                out[i] = self._engines[e].leading(keys, now)
         return out
 
     def holders(self, key: int) -> list[str]:

@@ -92,7 +92,7 @@ class LruKeys:
     def clear(self) -> None:
         self._keys.clear()
 
-    def leading(self, keys: list[int], now: float | None = None) -> int:
+    def leading(self, keys: Sequence[int], now: float | None = None) -> int:
         """How many of ``keys``, from the first, are held (and fresh when ``now`` is given).
 
         Chains are touched deepest block first, so within a chain the head is always more

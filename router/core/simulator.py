@@ -1,13 +1,15 @@
 """Discrete-event replay of a workload through the routing core and a fleet of engine models.
 
-Each policy runs the same requests, at the same arrival times, through ``Router.route`` (the
-decision the gateway makes) into N engines (``engine_model``): a prefix cache of the given
+Each policy runs the same requests, at the same arrival times, through the request life the
+gateway drives (``RoutingCore``: decide, acquire, record at the first token, release at the
+end) into N engines (``engine_model``): a prefix cache of the given
 capacity and an FCFS timing model. A pooled reference runs them into one engine with N times the
 cache, compute and slots: the hit ratio a perfect router over the same hardware could reach.
 
 The router's index is given each engine's true capacity (an operator who set
-``engine_capacity_tokens`` right), and the request's load is released when the engine model
-says it finished. ``decision_us`` is the CPU time of the ``route`` call alone.
+``engine_capacity_tokens`` right). The engine model says when a request's first token leaves
+(the router records its blocks then, as the gateway does on the first byte) and when it
+finishes (its load is released). ``decision_us`` is the CPU time of ``decide`` and ``acquire``.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from router.core.decision import Decision, Router
+from router.core.decision import Lease, RoutingCore
 from router.core.engine_model import EngineClock, EngineSpec, PrefixCache
 from router.core.policy import Policy
 from router.core.workload import TraceRequest
 
 POOLED = "pooled-reference"
+
+# Event kinds, in the order they run when due at the same time.
+_FIRST_TOKEN, _DONE = 0, 1
 
 Progress = Callable[[str, int, int], None]
 
@@ -110,30 +115,36 @@ def simulate_policy(
 ) -> SimResult:
     """Replay ``trace`` through ``policy`` on ``fleet``."""
     names = [f"engine-{i}" for i in range(fleet.workers)]
-    router = Router(policy)
-    router.set_engines(dict.fromkeys(names, 1))
+    core = RoutingCore(policy)
+    core.set_engines(dict.fromkeys(names, 1))
     for name in names:
-        router.index.add_engine(name, max(1, fleet.spec.capacity_tokens // policy.block_tokens))
+        core.index.add_engine(name, max(1, fleet.spec.capacity_tokens // policy.block_tokens))
     bt = _block_tokens(trace)
     engines = {name: _Engine(fleet.spec, bt) for name in names}
-    running: list[tuple[float, int, Decision]] = []
+    due: list[tuple[float, int, int, Lease]] = []  # (time, kind, request, lease)
     ttfts: list[float] = []
     decision_ns: list[int] = []
     prompt = cached = 0
     clock = time.thread_time_ns
     for i, req in enumerate(trace):
         now = req.timestamp / fleet.speedup
-        while running and running[0][0] <= now:
-            router.finish(heapq.heappop(running)[2])
+        while due and due[0][0] <= now:
+            at, kind, _, lease = heapq.heappop(due)
+            if kind == _FIRST_TOKEN:
+                core.record(lease, at)
+            else:
+                core.release(lease)
         body = req.request_body()
         t0 = clock()
-        d = router.route(body, names, now, session=req.session, prompt_tokens=req.prompt_tokens)
-        decision_ns.append(clock() - t0)
+        d = core.decide(body, names, now, session=req.session, prompt_tokens=req.prompt_tokens)
         assert d.engine is not None  # every engine is a candidate
+        lease = core.acquire(d, d.engine, now)
+        decision_ns.append(clock() - t0)
         engine = engines[d.engine]
         hit = engine.cache.lookup_and_insert(req.engine_keys, req.prompt_tokens, now)
         sched = engine.clock.admit(now, req.prompt_tokens - hit, req.output_tokens)
-        heapq.heappush(running, (sched.done, i, d))
+        heapq.heappush(due, (sched.first_token, _FIRST_TOKEN, i, lease))
+        heapq.heappush(due, (sched.done, _DONE, i, lease))
         ttfts.append(sched.ttft)
         prompt += req.prompt_tokens
         cached += hit

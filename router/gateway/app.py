@@ -1,7 +1,8 @@
 """The gateway's aiohttp application: state, handlers, and the background work it owns.
 
-``Gateway`` wires the routing core to the I/O shell (backend pool, upstream, proxy, policy
-watcher, metrics). ``build_app`` serves it: the OpenAI routes, the probes Kubernetes needs,
+``Gateway`` wires the routing core to the I/O shell (backend pool, upstream, policy watcher,
+metrics); each generation request is one ``Exchange`` (router.gateway.exchange) over them.
+``build_app`` serves it: the OpenAI routes, the probes Kubernetes needs,
 ``/metrics``, and admin endpoints behind a bearer token. Every background loop (health probes,
 model lists, DNS, the policy watcher) is started and stopped by a ``cleanup_ctx``, so the app's
 shutdown cancels and awaits all of them.
@@ -9,8 +10,8 @@ shutdown cancels and awaits all of them.
 Build a ``Gateway`` inside a running event loop (its upstream opens an aiohttp session).
 
 With gossip configured, the gateway is one replica of a fleet (``router.gateway.replicas``): the
-index gossips under a per-run origin, ``proxy.on_delta`` queues every recorded ``Delta`` for the
-peers, remote deltas and loads merge into ``router.index`` and ``router.loads``,
+index gossips under a per-run origin, every ``Delta`` an exchange records is published to the
+gossip queue, remote deltas and loads merge into ``core.index`` and ``core.loads``,
 ``gossip_peers`` and ``gossip_samples`` feed the ``kvrouter_gossip_*`` metrics, and the node
 runs in one more ``cleanup_ctx`` (the first started, the last stopped).
 """
@@ -31,24 +32,19 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from router.core.blocks import namespace_seed
-from router.core.decision import Router
+from router.core.decision import RoutingCore
 from router.core.load import Load
 from router.core.policy import Policy
 from router.gateway.config import Config
 from router.gateway.engines import BackendPool, Resolver, resolve_dns
 from router.gateway.errors import (
-    BodyTimeout,
-    BodyTooLarge,
-    GatewayError,
     NotFound,
     Unauthorized,
     error_middleware,
-    error_response,
 )
-from router.gateway.inbound import PROMPT_FIELD, parse, session_of
+from router.gateway.exchange import Exchange, Services, decide, keep_local, read_body
+from router.gateway.inbound import PROMPT_FIELD, parse
 from router.gateway.metrics import FleetView, Metrics
-from router.gateway.proxy import CLIENT_GONE, Outcome, Proxy
 from router.gateway.reload import PolicyWatcher, Result
 from router.gateway.upstream import AiohttpUpstream, Upstream
 
@@ -60,12 +56,10 @@ log = logging.getLogger(__name__)
 
 # A crashed background loop is restarted after this pause instead of leaving the gateway blind.
 RESTART_PAUSE_S = 1.0
-# A client trickling its body must not hold a handler forever; 16 MiB at 1 MB/s fits.
-BODY_READ_SECONDS = 60.0
 
 
 class Gateway:
-    """The running gateway's state: routing core, backends, upstream, proxy, metrics."""
+    """The running gateway's state: routing core, backends, upstream, metrics."""
 
     def __init__(
         self,
@@ -95,7 +89,7 @@ class Gateway:
             # Unique per process run: a restarted replica numbers its deltas from 1 again.
             origin = run_origin(gossip.node_id)
         # Raises PolicyError: the gateway does not start on a policy it cannot read.
-        self.router = Router(self.watcher.load_initial(), origin)
+        self.core = RoutingCore(self.watcher.load_initial(), origin)
         self.upstream: Upstream = upstream or AiohttpUpstream(config.timeouts.connect_seconds)
         # Peers by membership state, for kvrouter_gossip_peers; gossip replaces it.
         self.gossip_peers: Callable[[], Mapping[str, int]] = lambda: {"alive": 0}
@@ -105,7 +99,7 @@ class Gateway:
             FleetView(
                 backends=self._backend_health,
                 local_load=self._local_load,
-                index_entries=lambda: len(self.router.index),
+                index_entries=lambda: len(self.core.index),
                 gossip_peers=lambda: self.gossip_peers(),
                 gossip=lambda: self.gossip_samples(),
             )
@@ -118,43 +112,43 @@ class Gateway:
             clock=clock,
             resolver=resolver,
         )
-        self.proxy = Proxy(
-            self.router,
-            self.pool,
-            self.upstream,
-            self.metrics,
-            config.timeouts,
-            config.limits,
-            clock=clock,
-        )
         # Admin endpoints exist only when the token's variable is set (read once, at start).
         self.admin_token: str | None = environ.get(config.admin_token_env) or None
         self.replica: Replica | None = None
         if gossip is not None:
             from router.gateway.replicas import Replica
 
-            self.replica = Replica(gossip, self.router, now=clock)
-            self.proxy.on_delta = self.replica.queue
+            self.replica = Replica(gossip, self.core, now=clock)
             self.gossip_peers = self.replica.peers
             self.gossip_samples = self.replica.samples
+        self.services = Services(
+            self.core,
+            self.pool,
+            self.upstream,
+            self.metrics,
+            config.timeouts,
+            config.limits,
+            clock=clock,
+            publish=self.replica.queue if self.replica is not None else keep_local,
+        )
 
     def _set_policy(self, policy: Policy) -> None:
         # One assignment on the event loop: requests in flight keep their decisions, and the
         # loads they took are released into the same LoadBook.
-        self.router.set_policy(policy)
+        self.core.set_policy(policy)
 
     def _reloaded(self, result: Result) -> None:
         self.metrics.reloads.labels(result).inc()
 
     def _set_engines(self, weights: Mapping[str, int]) -> None:
-        self.router.set_engines(weights)
+        self.core.set_engines(weights)
         self.metrics.forget_backends(weights)
 
     def _backend_health(self) -> Iterable[tuple[str, bool]]:
         return [(url, b.healthy) for url, b in self.pool.backends.items()]
 
     def _local_load(self, engine: str) -> Load:
-        return self.router.loads.local(engine)
+        return self.core.loads.local(engine)
 
     def ready(self) -> tuple[bool, str]:
         """Readiness and why: a policy is loaded and at least one backend is healthy."""
@@ -175,46 +169,11 @@ def _json(value: Any, status: int = 200) -> web.Response:
 # -- generation routes ---------------------------------------------------------------------
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    """The body, at most ``limit`` bytes; raises ``BodyTooLarge`` or ``BodyTimeout``."""
-    if request.content_length is not None and request.content_length > limit:
-        raise BodyTooLarge(f"request body is larger than {limit} bytes")
-    try:
-        async with asyncio.timeout(BODY_READ_SECONDS):
-            return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise BodyTooLarge(f"request body is larger than {limit} bytes") from None
-    except TimeoutError:
-        msg = f"the request body did not arrive within {BODY_READ_SECONDS:g}s"
-        raise BodyTimeout(msg) from None
-
-
 def _generation(route: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handler(request: web.Request) -> web.StreamResponse:
-        gw = request.app[GATEWAY]
-        t0 = gw.clock()
-        outcome = Outcome()
-        status = 500
-        try:
-            raw = await _read_body(request, gw.config.limits.max_body_bytes)
-            inbound = parse(raw, route)
-            resp = await gw.proxy.handle(request, route, raw, inbound, t0, outcome)
-            status = outcome.status or resp.status
-            return resp
-        except asyncio.CancelledError:
-            status = outcome.status if outcome.delivered else CLIENT_GONE
-            raise
-        except Exception as exc:
-            if not isinstance(exc, GatewayError):
-                log.exception("unexpected error on %s %s", request.method, route)
-            err = error_response(exc)
-            status = err.status
-            return err
-        finally:
-            gw.metrics.requests.labels(route, str(status)).inc()
-            gw.metrics.duration.observe(gw.clock() - t0)
+        return await Exchange(request.app[GATEWAY].services, request, route).run()
 
-    handler.__doc__ = f"POST {route}: route to an engine and relay its answer."
+    handler.__doc__ = f"POST {route}: one ``Exchange`` routes it and relays the answer."
     return handler
 
 
@@ -240,7 +199,7 @@ async def ready(request: web.Request) -> web.Response:
     body = {
         "status": "ready" if ok else "not ready",
         "reason": reason,
-        "policy": gw.router.policy.name,
+        "policy": gw.core.policy.name,
         "backends": len(gw.pool.backends),
         "healthy_backends": healthy,
     }
@@ -280,7 +239,7 @@ def _admin(
 async def debug_route(request: web.Request) -> web.Response:
     """POST /debug/route: how a request body would be routed, without sending or recording it."""
     gw = request.app[GATEWAY]
-    raw = await _read_body(request, gw.config.limits.max_body_bytes)
+    raw = await read_body(request, gw.config.limits.max_body_bytes)
     try:
         probe = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -289,15 +248,8 @@ async def debug_route(request: web.Request) -> web.Response:
     if isinstance(probe, dict) and "messages" not in probe:
         route = "/v1/embeddings" if "input" in probe else "/v1/completions"
     inbound = parse(raw, route)
-    candidates = gw.pool.candidates(inbound.model)
-    router = gw.router
-    s = router.policy.scorer("session-affinity")
-    session = None if s is None else session_of(inbound, request.headers, s.header, s.user_field)
-    rt, keys = router.keys_of(inbound.text)
-    d = router.decide(
-        keys, rt.approx_tokens, candidates, gw.clock(), session, namespace_seed(rt.namespace)
-    )
-    return _json({"policy": router.policy.name, **d.explain()})
+    d = decide(gw.services, inbound, request.headers)
+    return _json({"policy": gw.core.policy.name, **d.explain()})
 
 
 async def debug_backends(request: web.Request) -> web.Response:
@@ -306,7 +258,7 @@ async def debug_backends(request: web.Request) -> web.Response:
     now = gw.clock()
     out = []
     for url, b in gw.pool.backends.items():
-        load = gw.router.loads.local(url)
+        load = gw.core.loads.local(url)
         h = b.health
         out.append(
             {
@@ -318,7 +270,7 @@ async def debug_backends(request: web.Request) -> web.Response:
                 "models": sorted(b.models or ()),
                 "inflight_requests": load.requests,
                 "inflight_tokens": load.tokens,
-                "index_blocks": gw.router.index.blocks(url),
+                "index_blocks": gw.core.index.blocks(url),
             }
         )
     return _json({"backends": out})

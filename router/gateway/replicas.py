@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
-from router.core.decision import Router
+from router.core.decision import RoutingCore
 from router.core.index import Delta
 from router.gateway.config import Config, ConfigError, GossipTls
 from router.gateway.gossip_delegate import IndexDelegate
@@ -172,7 +172,7 @@ class Replica:
     def __init__(
         self,
         config: GossipConfig,
-        router: Router,
+        core: RoutingCore,
         *,
         now: Callable[[], float] = time.monotonic,
         transport: Transport | None = None,
@@ -181,7 +181,7 @@ class Replica:
     ) -> None:
         """``now`` is the clock the gateway routes with; the rest are seams for tests."""
         self.config = config
-        self.bridge = IndexDelegate(lambda: router.index, router.loads, now=now)
+        self.bridge = IndexDelegate(lambda: core.index, core.loads, now=now)
         self.node = GossipNode(
             config,
             self.bridge,

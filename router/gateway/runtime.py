@@ -74,7 +74,7 @@ async def serve(
             "listening on %s:%d; policy %s from %s; %d static backend(s)%s",
             cfg.listen.host,
             cfg.listen.port,
-            gw.router.policy.name,
+            gw.core.policy.name,
             gw.watcher.path,
             len(cfg.backends.static),
             f", DNS {cfg.backends.dns.name}:{cfg.backends.dns.port}" if cfg.backends.dns else "",

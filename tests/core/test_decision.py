@@ -1,4 +1,4 @@
-"""The decision function: filters, scorers, pickers, load taken and given back."""
+"""The routing core: the decision (a query), and acquire, record, release, forget."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.core.decision import Router
+from router.core.decision import Decision, Lease, RoutingCore
 from router.core.policy import Scorer, load_policy, load_policy_text
 from router.core.scoring import SCORERS, Inputs
 from router.presets import preset_path
@@ -16,8 +16,8 @@ from router.presets import preset_path
 ENGINES = ["a", "b", "c", "d"]
 
 
-def router(text: str) -> Router:
-    r = Router(load_policy_text("name: t\n" + text, "t"))
+def core(text: str) -> RoutingCore:
+    r = RoutingCore(load_policy_text("name: t\n" + text, "t"))
     r.set_engines(dict.fromkeys(ENGINES, 1))
     return r
 
@@ -26,136 +26,239 @@ def body(prompt: str, model: str = "m") -> dict[str, Any]:
     return {"model": model, "prompt": prompt}
 
 
+def answered(
+    r: RoutingCore, b: dict[str, Any], engines: list[str], now: float, session: str | None = None
+) -> tuple[Decision, Lease]:
+    """Decide, acquire the pick and record it (its engine answered); the lease is still held."""
+    d = r.decide(b, engines, now, session)
+    assert d.engine is not None
+    lease = r.acquire(d, d.engine, now)
+    r.record(lease, now)
+    return d, lease
+
+
 LONG = "the quick brown fox jumps over the lazy dog " * 40  # ~1800 chars, 7 blocks
 KV = "scorers: [{type: prefix-overlap, weight: 1}, {type: load, weight: 0.1}]\n"
 
 
-def test_decide_prefix_goes_where_it_was_routed() -> None:
-    r = router(KV)
-    first = r.route(body(LONG), ENGINES, now=0.0)
-    r.finish(first)
-    again = r.route(body(LONG + " and more"), ENGINES, now=1.0)
+def test_decide_prefix_goes_where_it_was_answered() -> None:
+    r = core(KV)
+    first, lease = answered(r, body(LONG), ENGINES, now=0.0)
+    r.release(lease)
+    again = r.decide(body(LONG + " and more"), ENGINES, now=1.0)
     assert again.engine == first.engine
     assert again.reason == "best-score" and again.overlap_ratio > 0.9
 
 
 def test_decide_cold_prefix_goes_to_ring_home_on_every_replica() -> None:
-    homes = {router(KV).route(body(LONG), ENGINES, now=0.0).engine for _ in range(3)}
+    homes = {core(KV).decide(body(LONG), ENGINES, now=0.0).engine for _ in range(3)}
     assert len(homes) == 1
-    d = router(KV).route(body(LONG), ENGINES, now=0.0)
-    assert d.reason == "cold-prefix-ring"
+    assert core(KV).decide(body(LONG), ENGINES, now=0.0).reason == "cold-prefix-ring"
 
 
 def test_decide_bounded_load_spills_hot_prefix() -> None:
-    r = router(KV + "filters: [{type: bounded-load, epsilon: 0.0}]\n")
-    picks = [str(r.route(body(LONG), ENGINES, now=float(i)).engine) for i in range(8)]
+    r = core(KV + "filters: [{type: bounded-load, epsilon: 0.0}]\n")
+    picks = [str(answered(r, body(LONG), ENGINES, now=float(i))[0].engine) for i in range(8)]
     # Nobody finishes: with epsilon 0 each engine takes exactly its share.
     assert sorted(picks) == sorted(ENGINES * 2)
 
 
-def test_decide_round_robin_cycles() -> None:
-    r = router("picker: round-robin\n")
-    picks = [str(r.route(body(f"{i}" * 300), ENGINES, now=0.0).engine) for i in range(8)]
+def test_decide_round_robin_cycles_as_attempts_are_acquired() -> None:
+    r = core("picker: round-robin\n")
+    picks = [str(answered(r, body(f"{i}" * 300), ENGINES, now=0.0)[0].engine) for i in range(8)]
     assert sorted(picks) == sorted(ENGINES * 2)
 
 
+def test_decide_round_robin_turn_unchanged_by_queries() -> None:
+    r = core("picker: round-robin\n")
+    picks = {r.decide(body("x" * 300), ENGINES, now=0.0).engine for _ in range(5)}
+    assert len(picks) == 1
+
+
 def test_decide_least_load_picks_idlest() -> None:
-    r = router("scorers: [{type: load, weight: 1}]\ncold_prefix: score\n")
-    held = [r.route(body(f"{i}" * 300), ENGINES, now=0.0) for i in range(3)]
-    d = r.route(body("x" * 300), ENGINES, now=0.0)
+    r = core("scorers: [{type: load, weight: 1}]\ncold_prefix: score\n")
+    held = [answered(r, body(f"{i}" * 300), ENGINES, now=0.0)[0] for i in range(3)]
+    d = r.decide(body("x" * 300), ENGINES, now=0.0)
     assert d.engine not in {h.engine for h in held}
 
 
 def test_decide_session_affinity_follows_session() -> None:
-    r = router(
+    r = core(
         "scorers: [{type: session-affinity, weight: 1}, {type: load, weight: 0.5}]\n"
         "cold_prefix: score\n"
     )
-    first = r.route(body("x"), ENGINES, now=0.0, session="s1")
-    r.finish(first)
+    first, lease = answered(r, body("x"), ENGINES, now=0.0, session="s1")
+    r.release(lease)
     for i in range(4):
-        d = r.route(body(f"y{i}"), ENGINES, now=1.0, session="s1")
+        d, lease = answered(r, body(f"y{i}"), ENGINES, now=1.0, session="s1")
         assert d.engine == first.engine
-        r.finish(d)
+        r.release(lease)
 
 
 def test_decide_only_candidates_are_picked() -> None:
-    r = router(KV)
-    r.route(body(LONG), ["a"], now=0.0)
-    d = r.route(body(LONG), ["b", "c"], now=0.0)
+    r = core(KV)
+    answered(r, body(LONG), ["a"], now=0.0)
+    d = r.decide(body(LONG), ["b", "c"], now=0.0)
     assert d.engine in {"b", "c"}
 
 
-def test_decide_no_candidates_returns_none_and_takes_nothing() -> None:
-    r = router(KV)
-    d = r.route(body(LONG), [], now=0.0)
-    assert d.engine is None and d.reason == "no-candidates"
-    assert r.loads.local_all() == {}
+def test_decide_no_candidates_returns_none_and_empty_plan() -> None:
+    d = core(KV).decide(body(LONG), [], now=0.0)
+    assert d.engine is None and d.reason == "no-candidates" and d.plan() == ()
 
 
-def test_route_retry_finish_release_every_counter() -> None:
-    r = router(KV)
-    d = r.route(body(LONG), ENGINES, now=0.0)
-    first = d.engine
-    second = r.retry(d, now=0.0)
-    assert second is not None and second != first
-    assert r.loads.local(first).requests == 0  # type: ignore[arg-type]
-    r.finish(d)
-    r.finish(d)  # twice is harmless
-    assert r.loads.local_all() == {}
+def test_decide_pure_changes_nothing() -> None:
+    r = core(KV)
+    d = r.decide(body(LONG), ENGINES, now=0.0)
+    assert d.engine is not None
+    assert len(r.index) == 0 and r.loads.local_all() == {} and not r.predictions
+    assert r.outstanding == 0
 
 
-def test_route_retry_exhausts_candidates() -> None:
-    r = router(KV)
-    d = r.route(body(LONG), ["a", "b"], now=0.0)
-    assert r.retry(d, now=0.0) is not None
-    assert r.retry(d, now=0.0) is None
-    assert r.loads.local_all() == {}
+def test_decision_plan_is_pick_then_every_other_candidate_once() -> None:
+    d = core(KV).decide(body(LONG), ENGINES, now=0.0)
+    assert d.plan()[0] == d.engine and sorted(d.plan()) == sorted(ENGINES)
+
+
+def test_decision_is_frozen() -> None:
+    d = core(KV).decide(body(LONG), ENGINES, now=0.0)
+    with pytest.raises(AttributeError):
+        d.engine = "x"  # type: ignore[misc]
+
+
+def test_acquire_claims_blocks_provisionally_so_a_burst_lands_together() -> None:
+    r = core(KV)
+    d = r.decide(body(LONG), ENGINES, now=0.0)
+    assert d.engine is not None
+    r.acquire(d, d.engine, 0.0)  # no answer yet
+    burst = r.decide(body(LONG), ENGINES, now=0.0)
+    assert burst.engine == d.engine
+    i = list(burst.inputs.candidates).index(d.engine)
+    assert burst.predicted[i] == len(d.keys) == burst.inputs.overlaps[i]
+    assert burst.explain()["candidates"][i]["predicted_blocks"] == len(d.keys)
+    assert len(r.predictions) == len(d.keys)
+
+
+def test_acquire_claims_only_blocks_not_already_held() -> None:
+    r = core(KV)
+    first, lease = answered(r, body(LONG), ENGINES, now=0.0)
+    r.release(lease)
+    d = r.decide(body(LONG + " and a new tail " * 40), ENGINES, now=1.0)
+    assert d.engine is not None and d.engine == first.engine
+    lease = r.acquire(d, d.engine, 1.0)
+    assert lease.fresh == d.keys[len(first.keys) :]
+    r.release(lease)  # failed: the new tail goes, what was confirmed before stays
+    assert r.index.blocks(d.engine) == len(first.keys)
+
+
+def test_failed_attempt_keeps_blocks_another_attempt_confirmed() -> None:
+    r = core(KV)
+    d = r.decide(body(LONG), ENGINES, now=0.0)
+    assert d.engine is not None
+    doomed = r.acquire(d, d.engine, 0.0)
+    burst = r.decide(body(LONG), ENGINES, now=0.0)
+    ok = r.acquire(burst, d.engine, 0.0)
+    r.record(ok, 0.0)  # the second request's answer began: the engine holds the prefix
+    r.release(doomed)  # the first one failed afterwards
+    r.release(ok)
+    assert r.index.blocks(d.engine) == len(d.keys) and not r.predictions
+
+
+def test_release_without_answer_leaves_no_belief() -> None:
+    r = core(KV)
+    d = r.decide(body(LONG), ENGINES, now=0.0)
+    assert d.engine is not None
+    r.release(r.acquire(d, d.engine, 0.0))
+    after = r.decide(body(LONG), ENGINES, now=0.0)
+    assert all(o == 0 for o in after.inputs.overlaps)
+    assert len(r.index) == 0 and not r.predictions and r.loads.local_all() == {}
+
+
+def test_failed_attempt_then_fallback_credits_only_the_engine_that_answered() -> None:
+    r = core(KV)
+    d = r.decide(body(LONG), ENGINES, now=0.0)
+    failed, fallback = d.plan()[:2]
+    r.release(r.acquire(d, failed, 0.0))
+    lease = r.acquire(d, fallback, 0.0)
+    delta = r.record(lease, now=0.0)
+    r.release(lease)
+    assert delta is not None and delta.engine == fallback and delta.added == d.keys
+    again = r.decide(body(LONG), ENGINES, now=1.0)
+    overlaps = dict(zip(again.inputs.candidates, again.inputs.overlaps, strict=True))
+    assert overlaps[failed] == 0 and overlaps[fallback] == len(d.keys)
+    assert r.outstanding == 0 and r.loads.local_all() == {} and not r.predictions
+
+
+def test_record_moves_prediction_into_index_once() -> None:
+    r = core(KV)
+    d = r.decide(body(LONG), ENGINES, now=0.0)
+    assert d.engine is not None
+    lease = r.acquire(d, d.engine, 0.0)
+    assert r.record(lease, now=0.0) is not None
+    assert r.record(lease, now=0.0) is None  # the first byte happens once
+    assert not r.predictions and r.index.blocks(d.engine) == len(d.keys)
+    r.release(lease)
+    assert r.index.blocks(d.engine) == len(d.keys)  # the engine still holds them
+
+
+def test_release_twice_is_harmless_and_counters_return_to_zero() -> None:
+    r = core(KV)
+    d = r.decide(body(LONG), ENGINES, now=0.0)
+    assert d.engine is not None
+    lease = r.acquire(d, d.engine, 0.0)
+    assert r.loads.local(d.engine).requests == 1 and r.outstanding == 1
+    r.release(lease)
+    r.release(lease)
+    assert r.loads.local_all() == {} and r.outstanding == 0
+
+
+def test_forget_clears_what_an_engine_was_believed_to_hold() -> None:
+    r = core(KV)
+    d, lease = answered(r, body(LONG), ENGINES, now=0.0)
+    r.release(lease)
+    assert d.engine is not None
+    delta = r.forget(d.engine)
+    assert delta.cleared and delta.engine == d.engine and r.index.blocks(d.engine) == 0
 
 
 def test_decision_explain_lists_every_candidate() -> None:
-    r = router(KV)
-    d = r.route(body(LONG), ENGINES, now=0.0)
+    d = core(KV).decide(body(LONG), ENGINES, now=0.0)
     ex = d.explain()
     assert ex["engine"] == d.engine and ex["blocks"] == len(d.keys)
     assert [c["engine"] for c in ex["candidates"]] == ENGINES
     assert set(ex["candidates"][0]["scores"]) == {"prefix-overlap", "load"}
-
-
-def test_decide_pure_changes_nothing() -> None:
-    r = router(KV)
-    _, keys = r.keys_of(body(LONG))
-    r.decide(keys, 100, ENGINES, now=0.0)
-    assert len(r.index) == 0 and r.loads.local_all() == {}
+    assert ex["fallbacks"] == list(d.fallbacks)
 
 
 def test_set_policy_new_block_size_resets_index_but_keeps_engines() -> None:
-    r = router(KV)
-    r.route(body(LONG), ENGINES, now=0.0)
+    r = core(KV)
+    answered(r, body(LONG), ENGINES, now=0.0)
     r.set_policy(load_policy_text("name: t\nblock_chars: 1024\n" + KV, "t"))
     assert len(r.index) == 0 and set(r.index.engines) == set(ENGINES)
 
 
 def test_set_policy_new_block_size_delta_numbering_goes_on() -> None:
     # Gossip peers drop a delta whose (origin, seq) they hold: a rebuilt index must not reuse one.
-    r = Router(load_policy_text("name: t\n" + KV, "t"), origin="replica-a/1")
+    r = RoutingCore(load_policy_text("name: t\n" + KV, "t"), origin="replica-a/1")
     r.set_engines(dict.fromkeys(ENGINES, 1))
-    before = r.route(body(LONG), ENGINES, now=0.0).delta
+    d = r.decide(body(LONG), ENGINES, now=0.0)
+    before = r.record(r.acquire(d, str(d.engine), 0.0), now=0.0)
     r.set_policy(load_policy_text("name: t\nblock_chars: 1024\n" + KV, "t"))
-    after = r.route(body(LONG), ENGINES, now=1.0).delta
+    d = r.decide(body(LONG), ENGINES, now=1.0)
+    after = r.record(r.acquire(d, str(d.engine), 0.0), now=1.0)
     assert before is not None and after is not None
     assert (after.origin, after.seq) == ("replica-a/1", before.seq + 1)
 
 
 @pytest.mark.parametrize("name", ["kv-aware", "least-load", "consistent-hash", "round-robin"])
 def test_presets_route_and_release(name: str) -> None:
-    r = Router(load_policy(preset_path(name)))
+    r = RoutingCore(load_policy(preset_path(name)))
     r.set_engines(dict.fromkeys(ENGINES, 1))
-    ds = [r.route(body(LONG + str(i)), ENGINES, now=0.0) for i in range(10)]
-    assert all(d.engine in ENGINES for d in ds)
-    for d in ds:
-        r.finish(d)
-    assert r.loads.local_all() == {}
+    leases = [answered(r, body(LONG + str(i)), ENGINES, now=0.0)[1] for i in range(10)]
+    assert all(lease.engine in ENGINES for lease in leases)
+    for lease in leases:
+        r.release(lease)
+    assert r.loads.local_all() == {} and r.outstanding == 0
 
 
 @given(

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Proc, start_kvrouter, wait_until
 from tests.gateway.test_integration import readiness
+from tests.support import Proc, start_kvrouter, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from router.core.decision import Router
+from router.core.decision import RoutingCore
 from router.core.policy import load_policy
 from router.gateway.config import Backends, DnsBackends
 from router.gateway.config import Health as HealthConfig
@@ -109,7 +109,7 @@ def test_health_reejection_backs_off_longer_until_stable() -> None:
 
 
 class Engines:
-    """Records every ``Router.set_engines`` call."""
+    """Records every ``RoutingCore.set_engines`` call."""
 
     def __init__(self) -> None:
         self.calls: list[dict[str, int]] = []
@@ -165,7 +165,7 @@ async def test_pool_nothing_healthy_503_not_404() -> None:
 async def test_pool_ejected_not_candidate_index_kept_readmitted_after_backoff() -> None:
     a, b = FakeEngine(A), FakeEngine(B)
     pool, up, _, clock = pool_of(a, b)
-    router = Router(load_policy(preset_path("kv-aware")))
+    router = RoutingCore(load_policy(preset_path("kv-aware")))
     router.set_engines({A: 1, B: 1})
     await pool.probe_all()
     router.index.record(A, [1, 2, 3], clock())

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.gateway import app as app_module
+from router.gateway import exchange as exchange_module
 from router.gateway import sse
 from router.gateway.app import Gateway, build_app
 from router.gateway.config import Backends, Config, DnsBackends, Limits, Timeouts
@@ -97,12 +97,15 @@ def metric_value(text: str, name: str, **labels: str) -> float:
 
 
 async def assert_all_released(rig: Rig) -> None:
-    """Load back to zero everywhere, and every upstream response closed one way or another."""
+    """Load, leases and claims back to zero, and every upstream response closed one way or
+    another."""
+    core = rig.gw.core
     for _ in range(200):  # a cancelled handler finishes its cleanup on the next loop turns
-        if not rig.gw.router.loads.local_all() and not rig.up.unfinished():
+        if not core.loads.local_all() and not core.outstanding and not rig.up.unfinished():
             break
         await asyncio.sleep(0.005)
-    assert rig.gw.router.loads.local_all() == {}
+    assert core.loads.local_all() == {}
+    assert core.outstanding == 0 and not core.predictions
     assert rig.up.unfinished() == []
     text = await (await rig.client.get("/metrics")).text()
     for fam in text_string_to_metric_families(text):
@@ -349,7 +352,7 @@ async def test_proxy_client_disconnect_mid_stream_aborts_engine_request(tmp_path
         resp = await r.client.post(CHAT, json=chat(stream=True))
         assert resp.status == 200
         await resp.content.readany()
-        assert r.gw.router.loads.local_all() != {}
+        assert r.gw.core.loads.local_all() != {}
         resp.close()  # the client goes away mid-stream
         for _ in range(200):
             if r.up.responses[0].aborted:
@@ -518,7 +521,7 @@ async def test_admin_debug_route_explains_without_load_or_blocks(tmp_path: Path)
         assert body["policy"] == "test-kv" and body["engine"] in (A, B)
         assert {c["engine"] for c in body["candidates"]} == {A, B}
         assert body["blocks"] > 0
-        assert len(r.gw.router.index) == 0 and r.gw.router.loads.local_all() == {}
+        assert len(r.gw.core.index) == 0 and r.gw.core.loads.local_all() == {}
         assert r.up.sent == []
         async with r.client.get("/debug/backends", headers=auth) as resp:
             backends = (await resp.json())["backends"]
@@ -606,7 +609,7 @@ def test_fuzz_handler_never_500(
     assert status < 500, raw
     if status >= 400:
         assert set(orjson.loads(raw)["error"]) == {"message", "type", "param", "code"}
-    assert r.gw.router.loads.local_all() == {}
+    assert r.gw.core.loads.local_all() == {}
 
 
 async def test_dns_backends_resolved_probed_and_routed(tmp_path: Path) -> None:
@@ -649,7 +652,7 @@ async def test_session_affinity_keeps_a_session_on_one_backend(tmp_path: Path, h
 async def test_proxy_body_trickling_past_deadline_408(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(app_module, "BODY_READ_SECONDS", 0.1)
+    monkeypatch.setattr(exchange_module, "BODY_READ_SECONDS", 0.1)
     async with rig(tmp_path) as r:
 
         async def trickle() -> AsyncIterator[bytes]:

@@ -262,9 +262,10 @@ def test_prefix_routing_same_backend_engine_reports_cached_tokens(fleet: Fleet) 
 def test_fault_before_first_byte_retried_on_other_backend(
     fleet: Fleet, fault: dict[str, Any]
 ) -> None:
-    body = chat_body(f"retry me {fault['mode']}")
+    body = chat_body(f"retry me {fault['mode']}, a long question " * 40)
     target = fleet.target(body)
     other = next(e for e in fleet.engines if e is not target)
+    held_before = overlaps(fleet, body)
     retries = metric(fleet.router, "kvrouter_retries_total")
     before = fleet.stats(other)["requests"]
     fleet.fault(target, **fault)
@@ -278,6 +279,18 @@ def test_fault_before_first_byte_retried_on_other_backend(
         metric(fleet.router, "kvrouter_backend_requests_total", backend=target.url, code=code) >= 1
     )
     assert_inflight_zero(fleet.router)
+    # The failed attempt left no belief behind: only the engine that answered holds the whole
+    # prompt; the one that failed holds no more than before (the shared system prompt, if any).
+    held_after = overlaps(fleet, body)
+    assert held_after[target.url] == held_before[target.url] < held_after["blocks"]
+    assert held_after[other.url] == held_after["blocks"] > 0
+    assert fleet.target(body) is other
+
+
+def overlaps(fleet: Fleet, body: dict[str, Any]) -> dict[str, int]:
+    """Per engine, the leading blocks of ``body`` the gateway believes it holds; and "blocks"."""
+    got = http_json(f"{fleet.router.url}/debug/route", body, ADMIN)
+    return {"blocks": got["blocks"]} | {c["engine"]: c["overlap_blocks"] for c in got["candidates"]}
 
 
 def test_fault_drop_mid_stream_ends_with_error_event(fleet: Fleet) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.core.decision import Router
+from router.core.decision import RoutingCore
 from router.core.load import Load
 from router.core.policy import load_policy, load_policy_text
 from router.gateway.config import (
@@ -201,7 +201,7 @@ def test_engine_name_same_from_static_url_and_dns(static: str, dns: tuple[str, s
 
 @dataclasses.dataclass
 class Pair:
-    router: Router
+    router: RoutingCore
     replica: Replica
 
 
@@ -221,7 +221,7 @@ class Replicas:
         config = GossipConfig(
             node_id=name, bind=address, seeds=seeds, secret=SECRET.encode(), tuning=LOCAL
         )
-        router = Router(policy or load_policy(preset_path("kv-aware")), run_origin(name))
+        router = RoutingCore(policy or load_policy(preset_path("kv-aware")), run_origin(name))
         router.set_engines(dict.fromkeys(ENGINES, 1))
         replica = Replica(
             config,
@@ -253,10 +253,11 @@ async def replicas() -> AsyncIterator[Replicas]:
 
 
 def route(p: Pair, prompt: str = PROMPT) -> Any:
-    """What the proxy does: route (taking load), and hand the delta to gossip."""
-    d = p.router.route({"model": "m", "prompt": prompt}, ENGINES, now=0.0)
-    assert d.delta is not None
-    p.replica.queue(d.delta)
+    """What an exchange does: decide, acquire, record on the answer, publish the delta."""
+    d = p.router.decide({"model": "m", "prompt": prompt}, ENGINES, now=0.0)
+    delta = p.router.record(p.router.acquire(d, str(d.engine), 0.0), now=0.0)
+    assert delta is not None
+    p.replica.queue(delta)
     return d
 
 
@@ -276,9 +277,8 @@ async def test_replica_routed_on_a_routes_same_on_b_load_summed_dead_load_droppe
     first = route(a, prompt)
     assert first.engine is not None
     assert await replicas.settle(lambda: overlap(b, prompt)[first.engine] > 0)
-    again = b.router.route({"model": "m", "prompt": prompt + " next turn"}, ENGINES, now=0.0)
-    assert again.engine == first.engine and again.overlap_blocks > 0
-    b.router.finish(again)
+    again = b.router.decide({"model": "m", "prompt": prompt + " next turn"}, ENGINES, now=0.0)
+    assert again.engine == first.engine and again.overlap_of(first.engine) > 0
     # a still holds the first request's load: b sees it in the fleet-wide figures.
     assert await replicas.settle(lambda: b.router.loads.total(first.engine).requests == 1)
     await a.replica.node.stop(leave=False)  # a crash: no goodbye

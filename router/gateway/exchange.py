@@ -1,0 +1,321 @@
+"""One request's life in the gateway, in one place: the exchange.
+
+    read body -> parse -> decide -> for each engine of the plan (at most ``max_attempts``):
+        acquire -> send -> first byte
+            5xx, timeout, broken: release, try the next engine
+            200: record the prefix for this engine, publish the delta -> relay -> release
+            4xx: relayed as the engine's verdict on the request (nothing recorded)
+
+``RoutingCore`` (router.core.decision) owns the state each step changes: ``decide`` is a query
+returning a frozen decision with its ordered fallbacks; ``acquire`` takes the engine's load and
+predicts the request's blocks there; ``record`` turns the prediction into an index entry when
+the engine's first byte shows it took the prompt; ``release`` gives the load back on every exit
+and withdraws a prediction never recorded, so a failed attempt leaves no belief behind.
+
+Retries happen only while the client has no byte. A streamed answer (``text/event-stream``) is
+relayed chunk by chunk as it arrives; once it has started, a failure ends it with an
+OpenAI-style error event and a clean close. Any other answer is read whole first (so it can
+still be retried, and its ``usage`` read) and sent in one piece. A client that disconnects
+cancels the handler: the engine's connection is closed at once, which stops its generation.
+
+Requests go only to an engine's base URL (from config or DNS) plus the fixed API path of the
+route; nothing in a request (path, query string, headers) chooses where it is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from router.core.decision import Decision, Lease, RoutingCore
+from router.core.index import Delta
+from router.gateway.config import Limits, Timeouts
+from router.gateway.engines import BackendPool
+from router.gateway.errors import (
+    BodyTimeout,
+    BodyTooLarge,
+    FirstByteTimeout,
+    GatewayError,
+    IdleStreamTimeout,
+    NoBackend,
+    ResponseTooLarge,
+    UpstreamError,
+    UpstreamStatus,
+    error_response,
+    stream_error,
+)
+from router.gateway.inbound import Inbound, parse, session_of
+from router.gateway.metrics import Metrics
+from router.gateway.relay import UsageTail, body_usage, client_headers, engine_headers
+from router.gateway.sse import DONE
+from router.gateway.upstream import Upstream, UpstreamRequest, UpstreamResponse
+
+log = logging.getLogger(__name__)
+
+# The last event of an OpenAI stream, as engines frame it.
+STREAM_END = DONE.rstrip()
+# A non-streamed answer is buffered; embeddings of large batches are the biggest in practice.
+MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+MAX_ERROR_BODY_BYTES = 1024 * 1024
+# Routes whose prompt tokens feed the cache hit ratio (embeddings have no prefix cache).
+GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
+CLIENT_GONE = 499
+# A client trickling its body must not hold a handler forever; 16 MiB at 1 MB/s fits.
+BODY_READ_SECONDS = 60.0
+
+
+def keep_local(_delta: Delta) -> None:
+    """Where deltas go without replicas: nowhere (the index already has them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """What every exchange uses: the routing core and the gateway's shell around it."""
+
+    core: RoutingCore
+    pool: BackendPool
+    upstream: Upstream
+    metrics: Metrics
+    timeouts: Timeouts
+    limits: Limits
+    clock: Callable[[], float] = time.monotonic
+    # Where recorded deltas go (the gossip queue when replicas are configured).
+    publish: Callable[[Delta], None] = keep_local
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The body, at most ``limit`` bytes; raises ``BodyTooLarge`` or ``BodyTimeout``."""
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge(f"request body is larger than {limit} bytes")
+    try:
+        async with asyncio.timeout(BODY_READ_SECONDS):
+            return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BodyTooLarge(f"request body is larger than {limit} bytes") from None
+    except TimeoutError:
+        msg = f"the request body did not arrive within {BODY_READ_SECONDS:g}s"
+        raise BodyTimeout(msg) from None
+
+
+def decide(s: Services, inbound: Inbound, headers: Mapping[str, str]) -> Decision:
+    """The core's decision for ``inbound`` among the engines serving its model (a query)."""
+    core = s.core
+    affinity = core.policy.scorer("session-affinity")
+    session = (
+        None
+        if affinity is None
+        else session_of(inbound, headers, affinity.header, affinity.user_field)
+    )
+    return core.decide(inbound.text, s.pool.candidates(inbound.model), s.clock(), session)
+
+
+class Exchange:
+    """One client request, from its body to its last byte; the one owner of its life."""
+
+    def __init__(self, s: Services, request: web.Request, route: str) -> None:
+        self.s = s
+        self.request = request
+        self.route = route
+        self.t0 = s.clock()
+        self.status = 0  # what the client saw, for kvrouter_requests_total (0: not yet known)
+        # The client has the whole answer (an event stream's [DONE] went out): a disconnect
+        # after this point is the client being done, not the client giving up.
+        self.delivered = False
+
+    async def run(self) -> web.StreamResponse:
+        """Serve the request; every failure becomes an OpenAI-shaped error response."""
+        m = self.s.metrics
+        try:
+            resp = await self._serve()
+            self.status = self.status or resp.status
+            return resp
+        except asyncio.CancelledError:
+            if not self.delivered:
+                self.status = CLIENT_GONE
+            raise
+        except Exception as exc:
+            if not isinstance(exc, GatewayError):
+                log.exception("unexpected error on %s %s", self.request.method, self.route)
+            err = error_response(exc)
+            self.status = err.status
+            return err
+        finally:
+            m.requests.labels(self.route, str(self.status or 500)).inc()
+            m.duration.observe(self.s.clock() - self.t0)
+
+    async def _serve(self) -> web.StreamResponse:
+        s = self.s
+        raw = await read_body(self.request, s.limits.max_body_bytes)
+        inbound = parse(raw, self.route)
+        t = time.perf_counter()
+        d = decide(s, inbound, self.request.headers)
+        s.metrics.decision.observe(time.perf_counter() - t)
+        if d.engine is None:
+            raise NoBackend("no backend can take the request right now")
+        s.metrics.overlap.observe(d.overlap_ratio)
+        headers = engine_headers(self.request.headers, self.request.remote)
+        plan = d.plan()[: max(1, s.limits.max_attempts)]
+        for attempt, engine in enumerate(plan, 1):
+            lease = s.core.acquire(d, engine, s.clock())
+            try:
+                return await self._attempt(lease, raw, headers)
+            except UpstreamError as e:
+                s.metrics.backend_request(engine, e.label)
+                s.pool.report_failure(engine, e.message)
+                if attempt == len(plan):
+                    log.warning("%s: attempt %d at %s failed: %s", self.route, attempt, engine, e)
+                    raise
+                log.info("%s: %s failed (%s); retrying on %s", self.route, engine, e, plan[attempt])
+                s.metrics.retries.inc()
+            finally:
+                s.core.release(lease)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _first_byte(self, lease: Lease) -> None:
+        """The engine took the prompt: record its blocks there and tell the peers."""
+        delta = self.s.core.record(lease, self.s.clock())
+        if delta is not None:
+            self.s.publish(delta)
+
+    async def _attempt(
+        self, lease: Lease, raw: bytes, headers: Sequence[tuple[str, str]]
+    ) -> web.StreamResponse:
+        """One attempt at ``lease.engine``; ``UpstreamError`` while the client has no byte."""
+        s, engine = self.s, lease.engine
+        first_byte = s.timeouts.first_byte_seconds
+        resp: UpstreamResponse | None = None
+        finished = False  # the body was read to its end: the connection can be reused
+        try:
+            try:
+                async with asyncio.timeout(first_byte):
+                    resp = await s.upstream.send(
+                        UpstreamRequest(engine, self.route, tuple(headers), raw)
+                    )
+                    first = await resp.read_chunk()
+            except TimeoutError:
+                msg = f"{engine} sent no response within {first_byte:g}s"
+                raise FirstByteTimeout(msg, engine) from None
+            if resp.status >= 500:
+                body = await self._read_rest(resp, engine, first, MAX_ERROR_BODY_BYTES)
+                finished = True
+                ctype = resp.headers.get("Content-Type", "application/json")
+                raise UpstreamStatus(engine, resp.status, body, ctype)
+            if resp.status == 200:
+                self._first_byte(lease)
+            ctype = resp.headers.get("Content-Type", "")
+            if resp.status == 200 and ctype.startswith("text/event-stream") and first:
+                out, finished = await self._relay(resp, engine, first)
+                return out
+            body = await self._read_rest(resp, engine, first, MAX_RESPONSE_BYTES)
+            finished = True
+            self._answered(engine, resp.status)
+            if resp.status == 200 and self.route in GENERATION_ROUTES:
+                self._count_usage(body_usage(body))
+            return web.Response(status=resp.status, body=body, headers=client_headers(resp.headers))
+        finally:
+            if resp is not None:
+                if finished:
+                    resp.release()
+                else:
+                    resp.abort()
+
+    def _answered(self, engine: str, status: int) -> None:
+        self.s.metrics.backend_request(engine, str(status))
+        self.s.pool.report_success(engine)
+
+    def _count_usage(self, counts: tuple[int, int] | None) -> None:
+        if counts is not None:
+            self.s.metrics.usage(*counts)
+
+    async def _read_rest(
+        self, resp: UpstreamResponse, engine: str, first: bytes, limit: int
+    ) -> bytes:
+        """The rest of a body after its first chunk (idle timeout per read)."""
+        parts = [first]
+        size = len(first)
+        chunk = first
+        while chunk:
+            chunk = await self._next_chunk(resp, engine)
+            parts.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise ResponseTooLarge(f"{engine} answered with more than {limit} bytes")
+        return b"".join(parts)
+
+    async def _next_chunk(self, resp: UpstreamResponse, engine: str) -> bytes:
+        idle = self.s.timeouts.idle_stream_seconds
+        try:
+            async with asyncio.timeout(idle):
+                return await resp.read_chunk()
+        except TimeoutError:
+            raise IdleStreamTimeout(f"{engine} sent nothing for {idle:g}s", engine) from None
+
+    async def _relay(
+        self, resp: UpstreamResponse, engine: str, first: bytes
+    ) -> tuple[web.StreamResponse, bool]:
+        """Relay an event stream as it arrives; True when the engine's stream ended cleanly.
+
+        Once the client has a byte nothing is retried: an engine failure ends the stream with
+        an error event, and a client that left ends the relay (the caller closes the engine's
+        connection, which stops its generation).
+        """
+        m = self.s.metrics
+        out = web.StreamResponse(status=resp.status, headers=client_headers(resp.headers))
+        tail = UsageTail()
+        tail.feed(first)
+        chunk, ttft = first, True
+        try:
+            await out.prepare(self.request)  # headers leave with the first bytes, in one send
+            try:
+                while True:
+                    if resp.finished():
+                        # The engine is done: the last bytes and the end go out in one send.
+                        await out.write_eof(chunk)
+                        break
+                    await out.write(chunk)
+                    if ttft:
+                        m.ttft.observe(self.s.clock() - self.t0)
+                        ttft = False
+                    if chunk.rstrip().endswith(STREAM_END):
+                        # The client may hang up the moment it reads this (the openai client
+                        # does); the request is answered now, not when the engine closes.
+                        self._delivered(engine, resp.status, tail)
+                    chunk = await self._next_chunk(resp, engine)
+                    if not chunk:
+                        with contextlib.suppress(ConnectionResetError):
+                            await out.write_eof()
+                        break
+                    tail.feed(chunk)
+            except UpstreamError as e:
+                log.warning("%s: stream from %s broke off: %s", self.route, engine, e)
+                m.backend_request(engine, e.label)
+                self.s.pool.report_failure(engine, e.message)
+                self.status = e.status
+                await out.write_eof(stream_error(e))
+                return out, False
+        except ConnectionResetError:
+            if self.delivered:
+                return out, False
+            log.debug("%s: client left during the stream from %s", self.route, engine)
+            self.status = CLIENT_GONE
+            return out, False
+        if ttft:
+            m.ttft.observe(self.s.clock() - self.t0)
+        self._delivered(engine, resp.status, tail)
+        return out, True
+
+    def _delivered(self, engine: str, status: int, tail: UsageTail) -> None:
+        """Count a stream the client has in full (once, whichever end is seen first)."""
+        if self.delivered:
+            return
+        self.delivered = True
+        self.status = status
+        self._answered(engine, status)
+        if self.route in GENERATION_ROUTES:
+            self._count_usage(tail.usage())
