@@ -4,7 +4,7 @@ Prints one markdown table per setting (the rows of bench/RESULTS.md) and, per se
 kv-aware meets the routing-quality goals: hit ratio >= 0.9 x pooled, load imbalance <= 1.25,
 TTFT p99 below least-load's and round-robin's.
 
-    python -m bench.simulate_presets [--data DIR] [--workers 8 32] [--capacity 200000 2000000]
+    python -m bench.simulate_presets [--data DIR] [--engines 8 32] [--capacity 200000 2000000]
 """
 
 from __future__ import annotations
@@ -40,18 +40,18 @@ def verdict(rows: list[SimResult]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="../shared/data")
-    ap.add_argument("--workers", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--engines", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--capacity", type=int, nargs="+", default=[200_000, 2_000_000])
     args = ap.parse_args()
     policies = [load_policy(preset_path(n)) for n in NAMES]
     for trace_name in TRACES:
         trace = read_trace(Path(args.data) / trace_name)
-        for workers in args.workers:
+        for engines in args.engines:
             for cap in args.capacity:
                 t0 = time.perf_counter()
-                rows = simulate(policies, trace, Fleet(workers, EngineSpec(capacity_tokens=cap)))
+                rows = simulate(policies, trace, Fleet(engines, EngineSpec(capacity_tokens=cap)))
                 took = time.perf_counter() - t0
-                title = f"{trace_name}, {workers} engines, {cap:,} tokens each ({took:.0f} s)"
+                title = f"{trace_name}, {engines} engines, {cap:,} tokens each ({took:.0f} s)"
                 print(f"\n#### {title}\n")
                 print(HEADER)
                 print("|---|---|---|---|---|---|---|")

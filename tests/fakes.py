@@ -151,18 +151,18 @@ class FakeUpstream:
         return [r for r in self.responses if not (r.released or r.aborted)]
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
-        engine = self.engines.get(request.backend)
+        engine = self.engines.get(request.engine)
         if engine is None or engine.down:
-            self.sent.append(request.backend)
-            raise UpstreamConnectError(f"cannot connect to {request.backend} (fake)")
+            self.sent.append(request.engine)
+            raise UpstreamConnectError(f"cannot connect to {request.engine} (fake)")
         engine.requests.append(request)
-        self.sent.append(request.backend)
+        self.sent.append(request.engine)
         script = self.upcoming.popleft() if self.upcoming else engine.answer(request)
         if script.connect_error:
-            raise UpstreamConnectError(f"cannot connect to {request.backend} (fake)")
+            raise UpstreamConnectError(f"cannot connect to {request.engine} (fake)")
         if script.hang:
             await asyncio.Event().wait()
-        resp = FakeResponse(request.backend, script)
+        resp = FakeResponse(request.engine, script)
         self.responses.append(resp)
         return resp
 

@@ -38,14 +38,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``serve`` options."""
     add = parser.add_argument
     add("--config", metavar="FILE", help="YAML config file (flags override its values)")
+    # --backend and --backend-dns are the released spellings, accepted as aliases.
     add(
+        "--engine",
         "--backend",
+        dest="engines",
         action="append",
         metavar="URL",
         help="an engine's base URL, e.g. http://10.0.0.5:8000 (repeat for more)",
     )
     add(
+        "--engine-dns",
         "--backend-dns",
+        dest="engine_dns",
         metavar="NAME:PORT",
         help="a DNS name whose every address is an engine (re-resolved periodically)",
     )
@@ -117,8 +122,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     cfg = load_config(args.config) if args.config else Config()
     cfg = with_overrides(
         cfg,
-        backends=args.backend,
-        backend_dns=args.backend_dns,
+        engines=args.engines,
+        engine_dns=args.engine_dns,
         policy=args.policy,
         host=args.host,
         port=args.port,

@@ -27,7 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="generate a multi-tenant, multi-turn chat workload instead of reading a trace",
     )
-    parser.add_argument("--workers", type=int, default=8, help="engines in the fleet (8)")
+    # --workers is the released spelling, accepted as an alias.
+    parser.add_argument(
+        "--engines", "--workers", dest="engines", type=int, default=8, help="engines (8)"
+    )
     parser.add_argument(
         "--capacity-tokens",
         type=int,
@@ -126,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
             decode_tokens_per_s=args.decode_tokens_per_s,
             max_batch=args.max_batch,
         )
-        if args.workers < 1 or args.speedup <= 0:
-            raise ValueError("--workers must be at least 1 and --speedup above 0")
+        if args.engines < 1 or args.speedup <= 0:
+            raise ValueError("--engines must be at least 1 and --speedup above 0")
         trace: list[TraceRequest]
         if args.synthetic:
             trace = list(synthetic(SyntheticSpec(requests=args.requests, seed=args.seed)))
@@ -140,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: the trace has no requests", file=sys.stderr)
         return 1
     progress = _progress if sys.stderr.isatty() else None
-    results = simulate(policies, trace, Fleet(args.workers, spec, args.speedup), progress)
+    results = simulate(policies, trace, Fleet(args.engines, spec, args.speedup), progress)
     if args.json:
         print(json.dumps([r.as_dict() for r in results], indent=2))
     else:

@@ -66,7 +66,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 class Fleet:
     """N engines of one spec (``capacity_tokens`` per engine) and the replay speed-up."""
 
-    workers: int
+    engines: int
     spec: EngineSpec
     speedup: float = 1.0
 
@@ -114,7 +114,7 @@ def simulate_policy(
     progress: Progress | None = None,
 ) -> SimResult:
     """Replay ``trace`` through ``policy`` on ``fleet``."""
-    names = [f"engine-{i}" for i in range(fleet.workers)]
+    names = [f"engine-{i}" for i in range(fleet.engines)]
     core = RoutingCore(policy)
     core.set_engines(dict.fromkeys(names, 1))
     for name in names:
@@ -159,7 +159,7 @@ def simulate_pooled(
     trace: Sequence[TraceRequest], fleet: Fleet, progress: Progress | None = None
 ) -> SimResult:
     """Replay ``trace`` on one engine with the whole fleet's cache, compute and slots."""
-    engine = _Engine(fleet.spec.pooled(fleet.workers), _block_tokens(trace))
+    engine = _Engine(fleet.spec.pooled(fleet.engines), _block_tokens(trace))
     ttfts: list[float] = []
     prompt = cached = 0
     for i, req in enumerate(trace):

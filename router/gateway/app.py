@@ -1,6 +1,6 @@
 """The gateway's aiohttp application: state, handlers, and the background work it owns.
 
-``Gateway`` wires the routing core to the I/O shell (backend pool, upstream, policy watcher,
+``Gateway`` wires the routing core to the I/O shell (engine pool, upstream, policy watcher,
 metrics); each generation request is one ``Exchange`` (router.gateway.exchange) over them.
 ``build_app`` serves it: the OpenAI routes, the probes Kubernetes needs,
 ``/metrics``, and admin endpoints behind a bearer token. Every background loop (health probes,
@@ -36,7 +36,7 @@ from router.core.decision import RoutingCore
 from router.core.load import Load
 from router.core.policy import Policy
 from router.gateway.config import Config
-from router.gateway.engines import BackendPool, Resolver, resolve_dns
+from router.gateway.engines import EnginePool, Resolver, resolve_dns
 from router.gateway.errors import (
     NotFound,
     Unauthorized,
@@ -59,7 +59,7 @@ RESTART_PAUSE_S = 1.0
 
 
 class Gateway:
-    """The running gateway's state: routing core, backends, upstream, metrics."""
+    """The running gateway's state: routing core, engines, upstream, metrics."""
 
     def __init__(
         self,
@@ -97,15 +97,15 @@ class Gateway:
         self.gossip_samples: Callable[[], Iterable[Sample]] = lambda: ()
         self.metrics = Metrics(
             FleetView(
-                backends=self._backend_health,
+                engines=self._engine_health,
                 local_load=self._local_load,
                 index_entries=lambda: len(self.core.index),
                 gossip_peers=lambda: self.gossip_peers(),
                 gossip=lambda: self.gossip_samples(),
             )
         )
-        self.pool = BackendPool(
-            config.backends,
+        self.pool = EnginePool(
+            config.engines,
             config.health,
             self.upstream,
             self._set_engines,
@@ -142,20 +142,20 @@ class Gateway:
 
     def _set_engines(self, weights: Mapping[str, int]) -> None:
         self.core.set_engines(weights)
-        self.metrics.forget_backends(weights)
+        self.metrics.forget_engines(weights)
 
-    def _backend_health(self) -> Iterable[tuple[str, bool]]:
-        return [(url, b.healthy) for url, b in self.pool.backends.items()]
+    def _engine_health(self) -> Iterable[tuple[str, bool]]:
+        return [(url, b.healthy) for url, b in self.pool.engines.items()]
 
     def _local_load(self, engine: str) -> Load:
         return self.core.loads.local(engine)
 
     def ready(self) -> tuple[bool, str]:
-        """Readiness and why: a policy is loaded and at least one backend is healthy."""
+        """Readiness and why: a policy is loaded and at least one engine is healthy."""
         if self.draining:
             return False, "shutting down"
         if not self.pool.ready():
-            return False, "no healthy backend yet"
+            return False, "no healthy engine yet"
         return True, "ready"
 
 
@@ -181,7 +181,7 @@ def _generation(route: str) -> Callable[[web.Request], Awaitable[web.StreamRespo
 
 
 async def models(request: web.Request) -> web.Response:
-    """GET /v1/models: the union of the healthy backends' models."""
+    """GET /v1/models: the union of the healthy engines' models."""
     body = request.app[GATEWAY].pool.models_body()
     return web.Response(body=body, content_type="application/json")
 
@@ -192,15 +192,15 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """GET /ready: 200 once a policy is loaded and a backend is healthy, else 503."""
+    """GET /ready: 200 once a policy is loaded and an engine is healthy, else 503."""
     gw = request.app[GATEWAY]
     ok, reason = gw.ready()
-    healthy = sum(1 for b in gw.pool.backends.values() if b.healthy)
+    healthy = sum(1 for b in gw.pool.engines.values() if b.healthy)
     body = {
         "status": "ready" if ok else "not ready",
         "reason": reason,
         "policy": gw.core.policy.name,
-        "backends": len(gw.pool.backends),
+        "backends": len(gw.pool.engines),
         "healthy_backends": healthy,
     }
     return _json(body, 200 if ok else 503)
@@ -257,7 +257,7 @@ async def debug_backends(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     now = gw.clock()
     out = []
-    for url, b in gw.pool.backends.items():
+    for url, b in gw.pool.engines.items():
         load = gw.core.loads.local(url)
         h = b.health
         out.append(

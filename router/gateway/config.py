@@ -5,7 +5,7 @@ The file's shape is shared with the Helm chart, so its names are a contract::
     listen: {host: 0.0.0.0, port: 8000}
     policy: /etc/kvrouter/policy/policy.yaml     # a file, or a preset name
     policy_reload: {enabled: true, interval_seconds: 2}
-    backends:
+    engines:                                     # or ``backends``, the released spelling
       static: [http://vllm-0.vllm:8000]
       dns: {name: vllm-headless.default.svc.cluster.local, port: 8000, scheme: http,
             interval_seconds: 10}
@@ -20,7 +20,7 @@ The file's shape is shared with the Helm chart, so its names are a contract::
              preset: lan}
 
 Every section and field is optional; defaults are the values above, except that there are no
-backends by default. Gossip listens on ``listen.host`` at ``gossip.port``; ``gossip.dns`` is
+engines by default. Gossip listens on ``listen.host`` at ``gossip.port``; ``gossip.dns`` is
 NAME:PORT (or NAME, for the gossip port) and each of ``gossip.peers`` is HOST:PORT; an empty
 ``advertise`` or ``node_id`` is worked out at start (``router.gateway.replicas``). Loading is strict
 like the policy loader (``router.core.fields``): unknown keys and wrong types are errors that
@@ -72,8 +72,8 @@ class PolicyReload:
 
 
 @dataclass(frozen=True, slots=True)
-class DnsBackends:
-    """Every address of ``name`` is a backend ``scheme://address:port``; re-resolved."""
+class DnsEngines:
+    """Every address of ``name`` is an engine ``scheme://address:port``; re-resolved."""
 
     name: str
     port: int = 8000
@@ -82,9 +82,9 @@ class DnsBackends:
 
 
 @dataclass(frozen=True, slots=True)
-class Backends:
+class EngineSources:
     static: tuple[str, ...] = ()
-    dns: DnsBackends | None = None
+    dns: DnsEngines | None = None
     models_refresh_seconds: float = 30.0
 
 
@@ -154,7 +154,7 @@ class Config:
     listen: Listen = field(default_factory=Listen)
     policy: str = DEFAULT_POLICY
     policy_reload: PolicyReload = field(default_factory=PolicyReload)
-    backends: Backends = field(default_factory=Backends)
+    engines: EngineSources = field(default_factory=EngineSources)
     health: Health = field(default_factory=Health)
     timeouts: Timeouts = field(default_factory=Timeouts)
     limits: Limits = field(default_factory=Limits)
@@ -162,8 +162,8 @@ class Config:
     gossip: Gossip = field(default_factory=Gossip)
 
 
-def backend_url(text: str) -> str:
-    """A backend base URL in canonical form; raises ``ValueError`` saying why.
+def engine_url(text: str) -> str:
+    """An engine base URL in canonical form; raises ``ValueError`` saying why.
 
     The URL is the engine's name in the index that replicas gossip, so every spelling of one
     engine must give one name: lower-case scheme and host, IP literals compressed, the port
@@ -236,20 +236,20 @@ def _policy_reload(f: _Fields | None) -> PolicyReload:
     return out
 
 
-def _backends(f: _Fields | None) -> Backends:
+def _engine_sources(f: _Fields | None) -> EngineSources:
     if f is None:
-        return Backends()
+        return EngineSources()
     static: list[str] = []
     for i, text in enumerate(f.texts("static")):
         try:
-            static.append(backend_url(text))
+            static.append(engine_url(text))
         except ValueError as e:
             f.fail(f"{f.at('static')}[{i}]", str(e))
-    dns: DnsBackends | None = None
+    dns: DnsEngines | None = None
     d = f.sub("dns")
     if d is not None:
         name = d.text("name", "")
-        dns = DnsBackends(
+        dns = DnsEngines(
             name=name,
             port=d.integer("port", 8000, 1, 65535),
             scheme=d.choice("scheme", "http", SCHEMES),
@@ -258,7 +258,7 @@ def _backends(f: _Fields | None) -> Backends:
         d.done()
         if not name:
             dns = None  # an empty name (the chart's default) means no DNS discovery
-    out = Backends(tuple(static), dns, _seconds(f, "models_refresh_seconds", 30.0, 0.1))
+    out = EngineSources(tuple(static), dns, _seconds(f, "models_refresh_seconds", 30.0, 0.1))
     f.done()
     return out
 
@@ -348,13 +348,15 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
     if data is None:
         data = {}  # an empty file is a config of defaults
     f = _Fields(data, "", where)
+    if isinstance(data, dict) and "engines" in data and "backends" in data:
+        f.fail("backends", "give either 'engines' or its older spelling 'backends', not both")
     policy = f.text("policy", DEFAULT_POLICY) or DEFAULT_POLICY
     token_env = f.text("admin_token_env", "KVROUTER_ADMIN_TOKEN")
     cfg = Config(
         listen=_listen(f.sub("listen")),
         policy=policy,
         policy_reload=_policy_reload(f.sub("policy_reload")),
-        backends=_backends(f.sub("backends")),
+        engines=_engine_sources(f.sub("engines") or f.sub("backends")),
         health=_health(f.sub("health")),
         timeouts=_timeouts(f.sub("timeouts")),
         limits=_limits(f.sub("limits")),
@@ -379,8 +381,8 @@ def load_config(path: str | Path) -> Config:
 def with_overrides(
     cfg: Config,
     *,
-    backends: list[str] | None = None,
-    backend_dns: str | None = None,
+    engines: list[str] | None = None,
+    engine_dns: str | None = None,
     policy: str | None = None,
     host: str | None = None,
     port: int | None = None,
@@ -392,21 +394,21 @@ def with_overrides(
     gossip_preset: str | None = None,
 ) -> Config:
     """``cfg`` with command-line flags applied (a flag replaces the file's value)."""
-    b = cfg.backends
-    if backends:
+    b = cfg.engines
+    if engines:
         urls: list[str] = []
-        for text in backends:
+        for text in engines:
             try:
-                urls.append(backend_url(text))
+                urls.append(engine_url(text))
             except ValueError as e:
-                raise ConfigError(f"--backend: {e}") from None
+                raise ConfigError(f"--engine: {e}") from None
         b = dataclasses.replace(b, static=tuple(urls))
-    if backend_dns:
+    if engine_dns:
         try:
-            name, dport = dns_target(backend_dns)
+            name, dport = dns_target(engine_dns)
         except ValueError as e:
-            raise ConfigError(f"--backend-dns: {e}") from None
-        old = b.dns or DnsBackends(name)
+            raise ConfigError(f"--engine-dns: {e}") from None
+        old = b.dns or DnsEngines(name)
         b = dataclasses.replace(b, dns=dataclasses.replace(old, name=name, port=dport))
     listen = cfg.listen
     if host is not None:
@@ -423,7 +425,7 @@ def with_overrides(
         preset=gossip_preset,
     )
     return dataclasses.replace(
-        cfg, backends=b, listen=listen, policy=policy or cfg.policy, gossip=gossip
+        cfg, engines=b, listen=listen, policy=policy or cfg.policy, gossip=gossip
     )
 
 
@@ -477,10 +479,10 @@ def _flag(flag: str, check: Callable[[str], str], value: str) -> str:
 
 def check_ready_to_serve(cfg: Config) -> None:
     """Cross-checks that only matter once flags are applied; raises ``ConfigError``."""
-    if not cfg.backends.static and cfg.backends.dns is None:
+    if not cfg.engines.static and cfg.engines.dns is None:
         raise ConfigError(
-            "no backends: give --backend URL, --backend-dns NAME:PORT, "
-            "or backends.static / backends.dns in the config file"
+            "no engines: give --engine URL, --engine-dns NAME:PORT, "
+            "or engines.static / engines.dns in the config file"
         )
     if not cfg.listen.host:
         raise ConfigError("listen.host: must not be empty")

@@ -1,4 +1,4 @@
-"""The backend pool: which engines exist, which are healthy, and which models each serves.
+"""The engine pool: which engines exist, which are healthy, and which models each serves.
 
 Engines come from static URLs and from a DNS name re-resolved every interval (each address is
 one engine, as behind a Kubernetes headless Service). Each engine's model list comes from its
@@ -30,9 +30,9 @@ from typing import Any
 
 import orjson
 
-from router.gateway.config import Backends as BackendsConfig
+from router.gateway.config import EngineSources as EngineSources
 from router.gateway.config import Health as HealthConfig
-from router.gateway.errors import NoBackend, NotFound, UpstreamError
+from router.gateway.errors import NoEngine, NotFound, UpstreamError
 from router.gateway.upstream import Upstream
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class HealthRules:
 
 
 @dataclass(slots=True)
-class Backend:
+class Engine:
     """One engine: its base URL, where it came from, its health and its models."""
 
     url: str
@@ -133,12 +133,12 @@ async def resolve_dns(name: str, port: int) -> list[str]:
     return sorted({str(info[4][0]) for info in infos})
 
 
-class BackendPool:
+class EnginePool:
     """Known engines, their health and models; the routing candidates for a model."""
 
     def __init__(
         self,
-        cfg: BackendsConfig,
+        cfg: EngineSources,
         health: HealthConfig,
         upstream: Upstream,
         on_engines: Callable[[Mapping[str, int]], None],
@@ -152,41 +152,41 @@ class BackendPool:
         self._on_engines = on_engines
         self._clock = clock
         self._resolver = resolver
-        self._backends: dict[str, Backend] = {}
+        self._engines: dict[str, Engine] = {}
         self._by_model: dict[str, tuple[str, ...]] = {}
         self._models_body: bytes | None = None
         # Bumped on every change of health or models: readers cache what they derive from it.
         self.version = 0
-        self._set_backends({u: "static" for u in cfg.static})
+        self._set_engines_from({u: "static" for u in cfg.static})
 
     # -- reading -----------------------------------------------------------------------------
 
     @property
-    def backends(self) -> Mapping[str, Backend]:
-        return self._backends
+    def engines(self) -> Mapping[str, Engine]:
+        return self._engines
 
     def ready(self) -> bool:
         """True when at least one engine is healthy and has told its models."""
-        return any(b.healthy and b.models is not None for b in self._backends.values())
+        return any(b.healthy and b.models is not None for b in self._engines.values())
 
     def candidates(self, model: str) -> tuple[str, ...]:
-        """Healthy engines serving ``model``; raises ``NotFound`` or ``NoBackend``."""
+        """Healthy engines serving ``model``; raises ``NotFound`` or ``NoEngine``."""
         found = self._by_model.get(model)
         if found:
             return found
-        if any(b.models is not None and model in b.models for b in self._backends.values()):
-            raise NoBackend(f"no healthy backend serves model '{model}' right now")
+        if any(b.models is not None and model in b.models for b in self._engines.values()):
+            raise NoEngine(f"no healthy engine serves model '{model}' right now")
         if not self.ready():
-            raise NoBackend("no healthy backend right now")
+            raise NoEngine("no healthy engine right now")
         raise NotFound(
-            f"The model '{model}' does not exist on any backend.", "model", "model_not_found"
+            f"The model '{model}' does not exist on any engine.", "model", "model_not_found"
         )
 
     def models_body(self) -> bytes:
         """``GET /v1/models``: the union of the healthy engines' models, as JSON bytes."""
         if self._models_body is None:
             cards: dict[str, dict[str, Any]] = {}
-            for b in self._backends.values():
+            for b in self._engines.values():
                 if b.healthy and b.models:
                     for mid, card in b.models.items():
                         cards.setdefault(mid, card)
@@ -198,7 +198,7 @@ class BackendPool:
 
     def _changed(self) -> None:
         by_model: dict[str, list[str]] = {}
-        for b in self._backends.values():
+        for b in self._engines.values():
             if b.healthy and b.models:
                 for mid in b.models:
                     by_model.setdefault(mid, []).append(b.url)
@@ -206,18 +206,18 @@ class BackendPool:
         self._models_body = None
         self.version += 1
 
-    def _set_backends(self, wanted: Mapping[str, str]) -> None:
+    def _set_engines_from(self, wanted: Mapping[str, str]) -> None:
         """Make the known engines exactly ``wanted`` (url -> source), keeping known records."""
-        if set(wanted) == set(self._backends):
+        if set(wanted) == set(self._engines):
             return
-        for url in set(self._backends) - set(wanted):
-            log.info("backend %s removed", url)
-            del self._backends[url]
+        for url in set(self._engines) - set(wanted):
+            log.info("engine %s removed", url)
+            del self._engines[url]
         for url, source in wanted.items():
-            if url not in self._backends:
-                log.info("backend %s added (%s)", url, source)
-                self._backends[url] = Backend(url, source)
-        self._on_engines(dict.fromkeys(self._backends, 1))
+            if url not in self._engines:
+                log.info("engine %s added (%s)", url, source)
+                self._engines[url] = Engine(url, source)
+        self._on_engines(dict.fromkeys(self._engines, 1))
         self._changed()
 
     def set_dns_addresses(self, urls: Iterable[str]) -> None:
@@ -225,23 +225,23 @@ class BackendPool:
         wanted = {u: "static" for u in self.cfg.static}
         for u in urls:
             wanted.setdefault(u, "dns")
-        self._set_backends(wanted)
+        self._set_engines_from(wanted)
 
     def report_success(self, url: str, probe: bool = False) -> None:
         """A request (or probe) to ``url`` succeeded."""
-        b = self._backends.get(url)
+        b = self._engines.get(url)
         if b is not None and self.rules.success(b.health, self._clock(), probe):
-            log.info("backend %s is healthy", url)
+            log.info("engine %s is healthy", url)
             self._changed()
 
     def report_failure(self, url: str, reason: str, probe: bool = False) -> None:
         """A request (or probe) to ``url`` failed: counts towards ejection."""
-        b = self._backends.get(url)
+        b = self._engines.get(url)
         if b is None:
             return
         if self.rules.failure(b.health, self._clock(), probe):
             log.warning(
-                "backend %s ejected after %d failures in a row (last: %s); retry in %.3gs",
+                "engine %s ejected after %d failures in a row (last: %s); retry in %.3gs",
                 url,
                 b.health.failures,
                 reason,
@@ -250,17 +250,17 @@ class BackendPool:
             self._changed()
 
     def set_models(self, url: str, models: dict[str, dict[str, Any]]) -> None:
-        b = self._backends.get(url)
+        b = self._engines.get(url)
         if b is None:
             return
         if b.models is None or set(b.models) != set(models):
-            log.info("backend %s serves %s", url, ", ".join(sorted(models)) or "no models")
+            log.info("engine %s serves %s", url, ", ".join(sorted(models)) or "no models")
         b.models = models
         self._changed()
 
     # -- background work ---------------------------------------------------------------------
 
-    async def probe(self, b: Backend) -> None:
+    async def probe(self, b: Engine) -> None:
         """Probe one engine's health; fetch its models when it has none yet."""
         url = b.url
         try:
@@ -277,7 +277,7 @@ class BackendPool:
             await self.refresh_models(b)
         self.report_success(url, probe=True)
 
-    async def refresh_models(self, b: Backend) -> None:
+    async def refresh_models(self, b: Engine) -> None:
         """Fetch one engine's model list; keep the old one when that fails."""
         url = b.url + "/v1/models"
         try:
@@ -291,10 +291,10 @@ class BackendPool:
         self.set_models(b.url, models)
 
     async def probe_all(self) -> None:
-        await asyncio.gather(*(self.probe(b) for b in list(self._backends.values())))
+        await asyncio.gather(*(self.probe(b) for b in list(self._engines.values())))
 
     async def refresh_all_models(self) -> None:
-        await asyncio.gather(*(self.refresh_models(b) for b in list(self._backends.values())))
+        await asyncio.gather(*(self.refresh_models(b) for b in list(self._engines.values())))
 
     async def resolve_once(self) -> None:
         """Resolve the DNS name; keep the last answer when resolution fails."""
@@ -304,15 +304,15 @@ class BackendPool:
         try:
             addresses = await self._resolver(dns.name, dns.port)
         except OSError as e:
-            log.warning("cannot resolve %s: %s; keeping %d backends", dns.name, e, len(self))
+            log.warning("cannot resolve %s: %s; keeping %d engines", dns.name, e, len(self))
             return
         if not addresses:
-            log.warning("%s resolved to no address; keeping the backends", dns.name)
+            log.warning("%s resolved to no address; keeping the engines", dns.name)
             return
         self.set_dns_addresses(url_for(dns.scheme, a, dns.port) for a in addresses)
 
     def __len__(self) -> int:
-        return len(self._backends)
+        return len(self._engines)
 
     async def health_loop(self) -> None:
         """Probe every engine every interval, forever."""
@@ -332,9 +332,9 @@ class BackendPool:
         if dns is None:
             return
         while True:
-            before = set(self._backends)
+            before = set(self._engines)
             await self.resolve_once()
-            fresh = [b for u, b in self._backends.items() if u not in before]
+            fresh = [b for u, b in self._engines.items() if u not in before]
             if fresh:
                 await asyncio.gather(*(self.probe(b) for b in fresh))
             await asyncio.sleep(dns.interval_seconds)

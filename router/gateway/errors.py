@@ -8,6 +8,10 @@ upstream seam maps aiohttp's own exceptions into them where they happen
 that renders them. An unexpected exception is logged with its stack trace and answered with a
 plain 500 that says nothing about the inside.
 
+The renderers take a ``dialect``: how ``type`` and ``code`` are spelled. The gateway speaks
+OpenAI's (``openai_dialect``: ``invalid_request_error``, a string code or null); engine-sim
+answers like vLLM (``vllm_dialect``: ``BadRequestError``, the HTTP status as the code).
+
     GatewayError                    status, type, code; ``param`` names the field at fault
     ├── RequestError                the client's request is at fault (4xx, never retried)
     │   ├── BadRequest              400  malformed JSON, a wrong or missing field
@@ -15,7 +19,7 @@ plain 500 that says nothing about the inside.
     │   ├── NotFound                404  unknown model, unknown route
     │   ├── BodyTimeout             408  the body did not arrive in time
     │   └── BodyTooLarge            413  body above limits.max_body_bytes
-    ├── NoBackend                   503  no healthy backend serves the model (Retry-After)
+    ├── NoEngine                   503  no healthy engine serves the model (Retry-After)
     ├── ResponseTooLarge            502  a non-streamed answer above the relay's buffer limit
     └── UpstreamError               one attempt at an engine failed (retried before 1st byte)
         ├── UpstreamConnectError    502  refused, reset or unresolvable before a response
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 
 import orjson
 from aiohttp import web
@@ -39,7 +44,7 @@ from router.gateway import sse
 
 log = logging.getLogger(__name__)
 
-# Retry-After on a 503 when no backend can take a request: about one health-probe interval.
+# Retry-After on a 503 when no engine can take a request: about one health-probe interval.
 RETRY_AFTER_SECONDS = 2
 
 
@@ -89,7 +94,7 @@ class BodyTooLarge(RequestError):
     code = "request_too_large"
 
 
-class NoBackend(GatewayError):
+class NoEngine(GatewayError):
     status = 503
     code = "no_backend_available"
 
@@ -102,16 +107,16 @@ class ResponseTooLarge(GatewayError):
 
 
 class UpstreamError(GatewayError):
-    """One attempt at an engine failed; ``backend`` is the engine's base URL."""
+    """One attempt at an engine failed; ``engine`` is the engine's base URL."""
 
     status = 502
     code = "upstream_error"
     # Label of kvrouter_backend_requests_total{code} for a failure that has no HTTP status.
     label = "error"
 
-    def __init__(self, message: str, backend: str = "") -> None:
+    def __init__(self, message: str, engine: str = "") -> None:
         super().__init__(message)
-        self.backend = backend
+        self.engine = engine
 
 
 class UpstreamConnectError(UpstreamError):
@@ -139,18 +144,43 @@ class IdleStreamTimeout(UpstreamTimeout):
 class UpstreamStatus(UpstreamError):
     """The engine answered with a 5xx status; the client gets the engine's response."""
 
-    def __init__(self, backend: str, status: int, body: bytes, content_type: str) -> None:
-        super().__init__(f"backend answered {status}", backend)
+    def __init__(self, engine: str, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(f"engine answered {status}", engine)
         self.status = status
         self.label = str(status)
         self.body = body
         self.content_type = content_type
 
 
+# (status, type, code) -> the (type, code) an error is answered with.
+Dialect = Callable[[int, str, str | None], tuple[str, int | str | None]]
+
+
+def openai_dialect(status: int, type_: str, code: str | None) -> tuple[str, int | str | None]:
+    """OpenAI's spelling, the gateway's own: the type and code as the error class sets them."""
+    return type_, code
+
+
+def vllm_dialect(status: int, type_: str, code: str | None) -> tuple[str, int | str | None]:
+    """vLLM's spelling: the type names the exception class of the status, the code is the status."""
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        return "Error", status
+    name = "".join(w.capitalize() for w in phrase.replace("-", " ").split())
+    return (name if name.endswith("Error") else name + "Error"), status
+
+
 def _json_error(
-    status: int, message: str, type_: str, param: str | None, code: str | None
+    status: int,
+    message: str,
+    type_: str,
+    param: str | None,
+    code: str | None,
+    dialect: Dialect,
 ) -> bytes:
-    error = {"message": message, "type": type_, "param": param, "code": code}
+    type_out, code_out = dialect(status, type_, code)
+    error = {"message": message, "type": type_out, "param": param, "code": code_out}
     return orjson.dumps({"error": error})
 
 
@@ -163,7 +193,12 @@ _HTTP_MESSAGES: dict[int, tuple[str, str | None]] = {
 
 
 def error_response(
-    exc: BaseException, *, method: str = "", path: str = "", body_limit: int = 0
+    exc: BaseException,
+    *,
+    method: str = "",
+    path: str = "",
+    body_limit: int = 0,
+    dialect: Dialect = openai_dialect,
 ) -> web.Response:
     """The HTTP response for ``exc`` (any exception; unexpected ones become a bare 500)."""
     if isinstance(exc, UpstreamStatus):
@@ -178,7 +213,7 @@ def error_response(
             exc.param,
             exc.code,
         )
-        if isinstance(exc, NoBackend):
+        if isinstance(exc, NoEngine):
             headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
     elif isinstance(exc, web.HTTPException) and exc.status >= 400:
         status = exc.status
@@ -190,22 +225,23 @@ def error_response(
     else:
         status, message, type_, param, code = 500, "internal error", "server_error", None, None
     headers["Content-Type"] = "application/json"
-    return web.Response(
-        status=status, body=_json_error(status, message, type_, param, code), headers=headers
-    )
+    body = _json_error(status, message, type_, param, code, dialect)
+    return web.Response(status=status, body=body, headers=headers)
 
 
-def stream_error(exc: BaseException) -> bytes:
+def stream_error(exc: BaseException, dialect: Dialect = openai_dialect) -> bytes:
     """The SSE error event that ends a stream that failed after its first byte."""
     if isinstance(exc, GatewayError):
-        return sse.error_event(exc.message, exc.type, exc.code)
-    return sse.error_event("internal error", "server_error", None)
+        status, message, type_, code = exc.status, exc.message, exc.type, exc.code
+    else:
+        status, message, type_, code = 500, "internal error", "server_error", None
+    return sse.error_event(message, *dialect(status, type_, code))
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def error_middleware(body_limit: int) -> Middleware:
+def error_middleware(body_limit: int, dialect: Dialect = openai_dialect) -> Middleware:
     """Middleware answering every exception in OpenAI's shape, never with a stack trace."""
 
     @web.middleware
@@ -216,12 +252,16 @@ def error_middleware(body_limit: int) -> Middleware:
             if exc.status < 400:
                 raise
             return error_response(
-                exc, method=request.method, path=request.path, body_limit=body_limit
+                exc,
+                method=request.method,
+                path=request.path,
+                body_limit=body_limit,
+                dialect=dialect,
             )
         except GatewayError as exc:
-            return error_response(exc)
+            return error_response(exc, dialect=dialect)
         except Exception as exc:
             log.exception("unexpected error on %s %s", request.method, request.path)
-            return error_response(exc)
+            return error_response(exc, dialect=dialect)
 
     return middleware

@@ -36,14 +36,14 @@ from aiohttp import web
 from router.core.decision import Decision, Lease, RoutingCore
 from router.core.index import Delta
 from router.gateway.config import Limits, Timeouts
-from router.gateway.engines import BackendPool
+from router.gateway.engines import EnginePool
 from router.gateway.errors import (
     BodyTimeout,
     BodyTooLarge,
     FirstByteTimeout,
     GatewayError,
     IdleStreamTimeout,
-    NoBackend,
+    NoEngine,
     ResponseTooLarge,
     UpstreamError,
     UpstreamStatus,
@@ -79,7 +79,7 @@ class Services:
     """What every exchange uses: the routing core and the gateway's shell around it."""
 
     core: RoutingCore
-    pool: BackendPool
+    pool: EnginePool
     upstream: Upstream
     metrics: Metrics
     timeouts: Timeouts
@@ -157,7 +157,7 @@ class Exchange:
         d = decide(s, inbound, self.request.headers)
         s.metrics.decision.observe(time.perf_counter() - t)
         if d.engine is None:
-            raise NoBackend("no backend can take the request right now")
+            raise NoEngine("no engine can take the request right now")
         s.metrics.overlap.observe(d.overlap_ratio)
         headers = engine_headers(self.request.headers, self.request.remote)
         plan = d.plan()[: max(1, s.limits.max_attempts)]
@@ -166,7 +166,7 @@ class Exchange:
             try:
                 return await self._attempt(lease, raw, headers)
             except UpstreamError as e:
-                s.metrics.backend_request(engine, e.label)
+                s.metrics.engine_request(engine, e.label)
                 s.pool.report_failure(engine, e.message)
                 if attempt == len(plan):
                     log.warning("%s: attempt %d at %s failed: %s", self.route, attempt, engine, e)
@@ -226,7 +226,7 @@ class Exchange:
                     resp.abort()
 
     def _answered(self, engine: str, status: int) -> None:
-        self.s.metrics.backend_request(engine, str(status))
+        self.s.metrics.engine_request(engine, str(status))
         self.s.pool.report_success(engine)
 
     def _count_usage(self, counts: tuple[int, int] | None) -> None:
@@ -294,7 +294,7 @@ class Exchange:
                     tail.feed(chunk)
             except UpstreamError as e:
                 log.warning("%s: stream from %s broke off: %s", self.route, engine, e)
-                m.backend_request(engine, e.label)
+                m.engine_request(engine, e.label)
                 self.s.pool.report_failure(engine, e.message)
                 self.status = e.status
                 await out.write_eof(stream_error(e))

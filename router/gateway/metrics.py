@@ -64,7 +64,7 @@ GOSSIP_HELP: Mapping[str, str] = {
 class FleetView:
     """What the scrape-time collector reads: callables over the live gateway state."""
 
-    backends: Callable[[], Iterable[tuple[str, bool]]]  # (url, healthy) of known engines
+    engines: Callable[[], Iterable[tuple[str, bool]]]  # (url, healthy) of known engines
     local_load: Callable[[str], Load]
     index_entries: Callable[[], int]
     # Peers by state; gossip plugs its own in (until then there are none).
@@ -88,12 +88,12 @@ class _FleetCollector(Collector):
     def _families(v: FleetView) -> list[Metric]:
         reqs = GaugeMetricFamily(
             "kvrouter_backend_inflight_requests",
-            "Requests this router has in flight on each backend.",
+            "Requests this router has in flight on each engine.",
             labels=["backend"],
         )
         toks = GaugeMetricFamily(
             "kvrouter_backend_inflight_tokens",
-            "Prompt tokens (not believed cached) this router has in flight on each backend.",
+            "Prompt tokens (not believed cached) this router has in flight on each engine.",
             labels=["backend"],
         )
         healthy = GaugeMetricFamily(
@@ -101,14 +101,14 @@ class _FleetCollector(Collector):
             "1 when the backend is a routing candidate, 0 when pending or ejected.",
             labels=["backend"],
         )
-        for url, ok in v.backends():
+        for url, ok in v.engines():
             load = v.local_load(url)
             reqs.add_metric([url], load.requests)
             toks.add_metric([url], load.tokens)
             healthy.add_metric([url], 1 if ok else 0)
         blocks = GaugeMetricFamily(
             "kvrouter_index_blocks",
-            "(block, backend) entries in the router's prefix index.",
+            "(block, engine) entries in the router's prefix index.",
             value=v.index_entries(),
         )
         peers = GaugeMetricFamily(
@@ -159,30 +159,30 @@ class Metrics:
         )
         self.decision = Histogram(
             "kvrouter_routing_decision_seconds",
-            "Time to choose a backend (block keys, index lookup, scoring).",
+            "Time to choose an engine (block keys, index lookup, scoring).",
             buckets=DECISION_BUCKETS,
             registry=r,
         )
         self.overlap = Histogram(
             "kvrouter_prefix_overlap_ratio",
-            "Share of a request's blocks the chosen backend was believed to hold.",
+            "Share of a request's blocks the chosen engine was believed to hold.",
             buckets=RATIO_BUCKETS,
             registry=r,
         )
-        self.backend_requests = Counter(
+        self.engine_requests = Counter(
             "kvrouter_backend_requests",
-            "Attempts sent to each backend, by its status (or error, timeout).",
+            "Attempts sent to each engine, by its status (or error, timeout).",
             ["backend", "code"],
             registry=r,
         )
         self.cached_tokens = Counter(
             "kvrouter_cached_tokens",
-            "Prompt tokens the backends reported as served from their prefix cache.",
+            "Prompt tokens the engines reported as served from their prefix cache.",
             registry=r,
         )
         self.prompt_tokens = Counter(
             "kvrouter_prompt_tokens",
-            "Prompt tokens the backends reported (with cached tokens: the real hit ratio).",
+            "Prompt tokens the engines reported (with cached tokens: the real hit ratio).",
             registry=r,
         )
         self.reloads = Counter(
@@ -195,22 +195,22 @@ class Metrics:
             self.reloads.labels(result)
         self.retries = Counter(
             "kvrouter_retries",
-            "Attempts retried on another backend after a failure before the first byte.",
+            "Attempts retried on another engine after a failure before the first byte.",
             registry=r,
         )
         r.register(_FleetCollector(view))
         self._codes: dict[str, set[str]] = {}
 
-    def backend_request(self, backend: str, code: str) -> None:
+    def engine_request(self, backend: str, code: str) -> None:
         self._codes.setdefault(backend, set()).add(code)
-        self.backend_requests.labels(backend, code).inc()
+        self.engine_requests.labels(backend, code).inc()
 
-    def forget_backends(self, keep: Iterable[str]) -> None:
-        """Drop the per-backend series of backends that are gone (DNS churn stays bounded)."""
+    def forget_engines(self, keep: Iterable[str]) -> None:
+        """Drop the per-engine series of engines that are gone (DNS churn stays bounded)."""
         keep = set(keep)
         for backend in [b for b in self._codes if b not in keep]:
             for code in self._codes.pop(backend):
-                self.backend_requests.remove(backend, code)
+                self.engine_requests.remove(backend, code)
 
     def usage(self, prompt: int, cached: int) -> None:
         self.prompt_tokens.inc(prompt)

@@ -11,7 +11,7 @@ replica decides on the merged index and on the whole fleet's load:
   while the blocks it recorded stay in the index: the engines still hold them.
 
 Engines are named by their base URL as configured, normalised by
-``router.gateway.config.backend_url`` (the same code on every replica), so a delta names the same
+``router.gateway.config.engine_url`` (the same code on every replica), so a delta names the same
 engine everywhere.
 
 ``gossip_config`` turns the config's ``gossip`` section (flags applied) and the environment

@@ -71,13 +71,13 @@ async def serve(
         site = web.TCPSite(runner, cfg.listen.host, cfg.listen.port, reuse_port=reuse_port or None)
         await site.start()
         log.info(
-            "listening on %s:%d; policy %s from %s; %d static backend(s)%s",
+            "listening on %s:%d; policy %s from %s; %d static engine(s)%s",
             cfg.listen.host,
             cfg.listen.port,
             gw.core.policy.name,
             gw.watcher.path,
-            len(cfg.backends.static),
-            f", DNS {cfg.backends.dns.name}:{cfg.backends.dns.port}" if cfg.backends.dns else "",
+            len(cfg.engines.static),
+            f", DNS {cfg.engines.dns.name}:{cfg.engines.dns.port}" if cfg.engines.dns else "",
         )
         await stop.wait()
         log.info("stopping: draining in-flight requests for up to %gs", SHUTDOWN_GRACE_S)

@@ -42,7 +42,7 @@ KEEPALIVE_SECONDS = 4.0
 class UpstreamRequest:
     """A request to one engine: its base URL, a fixed API path, headers and the body bytes."""
 
-    backend: str
+    engine: str
     path: str
     headers: Sequence[tuple[str, str]]
     body: bytes
@@ -101,29 +101,29 @@ def nodelay_socket(addr_info: AddrInfoType) -> socket.socket:
 
 
 @contextlib.contextmanager
-def _mapped(backend: str, connecting: bool) -> Iterator[None]:
+def _mapped(engine: str, connecting: bool) -> Iterator[None]:
     """aiohttp client exceptions -> the gateway's ``UpstreamError`` classes."""
     try:
         yield
     except UpstreamError:
         raise
     except aiohttp.ClientConnectorError as e:
-        raise UpstreamConnectError(f"cannot connect to {backend}: {e.os_error}", backend) from e
+        raise UpstreamConnectError(f"cannot connect to {engine}: {e.os_error}", engine) from e
     except (aiohttp.ConnectionTimeoutError, aiohttp.SocketTimeoutError) as e:
-        raise UpstreamConnectError(f"connecting to {backend} timed out", backend) from e
+        raise UpstreamConnectError(f"connecting to {engine} timed out", engine) from e
     except aiohttp.ClientPayloadError as e:
-        raise UpstreamDropped(f"{backend} broke off its response: {e}", backend) from e
+        raise UpstreamDropped(f"{engine} broke off its response: {e}", engine) from e
     except (aiohttp.ClientError, OSError) as e:
         where = "before answering" if connecting else "while answering"
         what = type(e).__name__
-        raise UpstreamDropped(f"{backend} closed the connection {where} ({what})", backend) from e
+        raise UpstreamDropped(f"{engine} closed the connection {where} ({what})", engine) from e
 
 
 class _Response:
-    __slots__ = ("_backend", "_resp")
+    __slots__ = ("_engine", "_resp")
 
-    def __init__(self, backend: str, resp: aiohttp.ClientResponse) -> None:
-        self._backend = backend
+    def __init__(self, engine: str, resp: aiohttp.ClientResponse) -> None:
+        self._engine = engine
         self._resp = resp
 
     @property
@@ -135,7 +135,7 @@ class _Response:
         return self._resp.headers
 
     async def read_chunk(self) -> bytes:
-        with _mapped(self._backend, connecting=False):
+        with _mapped(self._engine, connecting=False):
             return await self._resp.content.readany()
 
     def finished(self) -> bool:
@@ -170,8 +170,8 @@ class AiohttpUpstream:
         )
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
-        url = request.backend + request.path
-        with _mapped(request.backend, connecting=True):
+        url = request.engine + request.path
+        with _mapped(request.engine, connecting=True):
             resp = await self._session.request(
                 request.method,
                 url,
@@ -180,7 +180,7 @@ class AiohttpUpstream:
                 allow_redirects=False,
                 compress=None,
             )
-        return _Response(request.backend, resp)
+        return _Response(request.engine, resp)
 
     async def fetch(self, url: str, seconds: float) -> tuple[int, bytes]:
         try:

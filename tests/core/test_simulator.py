@@ -118,10 +118,12 @@ def test_simulate_sample_kv_aware_beats_round_robin_on_hits() -> None:
     assert kv.load_imbalance >= 1.0 and kv.decision_us_p50 > 0
 
 
-def test_simulate_cli_json_fields(tmp_path: Path) -> None:
+# --workers is the released spelling of --engines.
+@pytest.mark.parametrize("flag", ["--engines", "--workers"])
+def test_simulate_cli_json_fields(tmp_path: Path, flag: str) -> None:
     cmd = [
         sys.executable, "-m", "router.cli", "simulate", "--trace", str(SAMPLE),
-        "--workers", "4", "--capacity-tokens", "400000", "--json",
+        flag, "4", "--capacity-tokens", "400000", "--json",
         *(arg for n in NAMES for arg in ("--policy", n)),
     ]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)

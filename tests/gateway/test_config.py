@@ -12,9 +12,9 @@ from router.commands import serve
 from router.gateway.config import (
     Config,
     ConfigError,
-    DnsBackends,
-    backend_url,
+    DnsEngines,
     check_ready_to_serve,
+    engine_url,
     load_config,
     load_config_text,
     with_overrides,
@@ -41,10 +41,10 @@ def test_config_chart_shape_loads_every_field() -> None:
     assert (c.listen.host, c.listen.port) == ("0.0.0.0", 8000)
     assert c.policy == "/etc/kvrouter/policy/policy.yaml"
     assert c.policy_reload.enabled and c.policy_reload.interval_seconds == 2
-    assert c.backends.static == ("http://vllm-0.vllm:8000",)
-    dns = DnsBackends("vllm-headless.default.svc.cluster.local", 8000, "http", 10)
-    assert c.backends.dns == dns
-    assert c.backends.models_refresh_seconds == 30
+    assert c.engines.static == ("http://vllm-0.vllm:8000",)
+    dns = DnsEngines("vllm-headless.default.svc.cluster.local", 8000, "http", 10)
+    assert c.engines.dns == dns
+    assert c.engines.models_refresh_seconds == 30
     h = c.health
     assert (h.path, h.interval_seconds, h.timeout_seconds, h.eject_after_failures) == (
         "/health",
@@ -80,7 +80,7 @@ def test_config_empty_file_is_defaults() -> None:
 
 def test_config_empty_dns_name_means_no_dns() -> None:
     c = load_config_text("backends: {dns: {name: '', port: 8000}}", "c.yaml")
-    assert c.backends.dns is None
+    assert c.engines.dns is None
 
 
 @pytest.mark.parametrize(
@@ -135,21 +135,21 @@ def test_config_unreadable_file_names_it(tmp_path: Path) -> None:
     ids=["trailing-slash", "case-default-port", "explicit-default", "v6", "v6-compressed", "path"],
 )
 def test_backend_url_normalised(text: str, url: str) -> None:
-    assert backend_url(text) == url
+    assert engine_url(text) == url
 
 
 def test_overrides_flags_replace_file_values() -> None:
     c = load_config_text(CHART_SHAPE, "values.yaml")
     o = with_overrides(
         c,
-        backends=["http://127.0.0.1:9/"],
-        backend_dns="engines.local:9100",
+        engines=["http://127.0.0.1:9/"],
+        engine_dns="engines.local:9100",
         policy="round-robin",
         host="127.0.0.1",
         port=0,
     )
-    assert o.backends.static == ("http://127.0.0.1:9",)
-    assert o.backends.dns == DnsBackends("engines.local", 9100, "http", 10)
+    assert o.engines.static == ("http://127.0.0.1:9",)
+    assert o.engines.dns == DnsEngines("engines.local", 9100, "http", 10)
     assert (o.policy, o.listen.host, o.listen.port) == ("round-robin", "127.0.0.1", 0)
     assert o.health == c.health
 
@@ -157,9 +157,9 @@ def test_overrides_flags_replace_file_values() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "expected"),
     [
-        ({"backends": ["localhost:8000"]}, "--backend: must start with http://"),
-        ({"backend_dns": "engines"}, "--backend-dns: must be NAME:PORT"),
-        ({"backend_dns": "engines:0"}, "--backend-dns: must be NAME:PORT"),
+        ({"engines": ["localhost:8000"]}, "--engine: must start with http://"),
+        ({"engine_dns": "engines"}, "--engine-dns: must be NAME:PORT"),
+        ({"engine_dns": "engines:0"}, "--engine-dns: must be NAME:PORT"),
     ],
 )
 def test_overrides_bad_flag_names_it(kwargs: dict[str, object], expected: str) -> None:
@@ -167,9 +167,31 @@ def test_overrides_bad_flag_names_it(kwargs: dict[str, object], expected: str) -
         with_overrides(Config(), **kwargs)  # type: ignore[arg-type]
 
 
-def test_check_no_backends_says_how_to_give_one() -> None:
-    with pytest.raises(ConfigError, match="no backends: give --backend URL"):
+def test_check_no_engines_says_how_to_give_one() -> None:
+    with pytest.raises(ConfigError, match="no engines: give --engine URL"):
         check_ready_to_serve(Config())
+
+
+@pytest.mark.parametrize("flag", ["--engine", "--backend"])
+def test_serve_engine_flag_and_its_released_spelling_both_work(flag: str) -> None:
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    args = parser.parse_args([flag, "http://127.0.0.1:1", f"{flag}-dns", "engines.local:9"])
+    c = serve.config_from_args(args)
+    assert c.engines.static == ("http://127.0.0.1:1",)
+    assert c.engines.dns == DnsEngines("engines.local", 9)
+
+
+@pytest.mark.parametrize("key", ["engines", "backends"])
+def test_config_engines_section_and_its_released_spelling_both_load(key: str) -> None:
+    c = load_config_text(f"{key}: {{static: [http://10.0.0.1:8000]}}\n", "c.yaml")
+    assert c.engines.static == ("http://10.0.0.1:8000",)
+
+
+def test_config_engines_and_backends_together_is_an_error() -> None:
+    text = "engines: {static: [http://a:1]}\nbackends: {static: [http://b:1]}\n"
+    with pytest.raises(ConfigError, match="either 'engines' or its older spelling 'backends'"):
+        load_config_text(text, "c.yaml")
 
 
 def _args(**kw: object) -> argparse.Namespace:
@@ -182,7 +204,7 @@ def _args(**kw: object) -> argparse.Namespace:
 
 
 def test_config_from_args_defaults_listen_on_every_interface() -> None:
-    c = serve.config_from_args(_args(backend=["http://127.0.0.1:1"]))
+    c = serve.config_from_args(_args(engines=["http://127.0.0.1:1"]))
     assert (c.listen.host, c.listen.port, c.policy) == ("0.0.0.0", 8000, "kv-aware")
 
 
@@ -205,6 +227,6 @@ def test_serve_bad_policy_exits_2_with_message(
     assert "scorers[0].weight: is required" in capsys.readouterr().err
 
 
-def test_serve_no_backend_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_no_engine_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--port", "0"]) == 2
-    assert "no backends" in capsys.readouterr().err
+    assert "no engines" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The backend pool: health transitions, candidates per model, model lists and DNS."""
+"""The engine pool: health transitions, candidates per model, model lists and DNS."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 
 from router.core.decision import RoutingCore
 from router.core.policy import load_policy
-from router.gateway.config import Backends, DnsBackends
+from router.gateway.config import DnsEngines, EngineSources
 from router.gateway.config import Health as HealthConfig
 from router.gateway.engines import (
-    BackendPool,
+    EnginePool,
     Health,
     HealthRules,
     State,
@@ -19,7 +19,7 @@ from router.gateway.engines import (
     resolve_dns,
     url_for,
 )
-from router.gateway.errors import NoBackend, NotFound
+from router.gateway.errors import NoEngine, NotFound
 from router.presets import preset_path
 from tests.fakes import FakeClock, FakeEngine, FakeUpstream
 
@@ -119,13 +119,13 @@ class Engines:
 
 
 def pool_of(
-    *engines: FakeEngine, dns: DnsBackends | None = None, static: tuple[str, ...] | None = None
-) -> tuple[BackendPool, FakeUpstream, Engines, FakeClock]:
+    *engines: FakeEngine, dns: DnsEngines | None = None, static: tuple[str, ...] | None = None
+) -> tuple[EnginePool, FakeUpstream, Engines, FakeClock]:
     up = FakeUpstream(*engines)
     calls = Engines()
     clock = FakeClock()
-    cfg = Backends(static=tuple(e.url for e in engines) if static is None else static, dns=dns)
-    return BackendPool(cfg, CFG, up, calls, clock=clock), up, calls, clock
+    cfg = EngineSources(static=tuple(e.url for e in engines) if static is None else static, dns=dns)
+    return EnginePool(cfg, CFG, up, calls, clock=clock), up, calls, clock
 
 
 async def test_pool_static_engines_told_to_router_at_start() -> None:
@@ -152,13 +152,13 @@ async def test_pool_unknown_model_404_known_but_unhealthy_503() -> None:
     b.down = True
     for _ in range(3):
         pool.report_failure(B, "boom")
-    with pytest.raises(NoBackend, match="no healthy backend serves model 'n'"):
+    with pytest.raises(NoEngine, match="no healthy engine serves model 'n'"):
         pool.candidates("n")
 
 
 async def test_pool_nothing_healthy_503_not_404() -> None:
     pool, _, _, _ = pool_of(FakeEngine(A, ["m"]))
-    with pytest.raises(NoBackend):
+    with pytest.raises(NoEngine):
         pool.candidates("zzz")
 
 
@@ -189,7 +189,7 @@ async def test_pool_probe_non_200_counts_as_failure() -> None:
     for _ in range(3):
         await pool.probe_all()
     assert not pool.ready()
-    assert pool.backends[A].health.state is State.EJECTED
+    assert pool.engines[A].health.state is State.EJECTED
 
 
 async def test_pool_models_refresh_changes_candidates_and_union() -> None:
@@ -218,7 +218,7 @@ async def test_pool_models_failure_keeps_last_list() -> None:
     await pool.probe_all()
     a.down = True
     await pool.refresh_all_models()
-    assert "m" in (pool.backends[A].models or {})
+    assert "m" in (pool.engines[A].models or {})
 
 
 async def test_pool_dns_adds_and_removes_engines_keeps_static_and_last_answer() -> None:
@@ -233,15 +233,15 @@ async def test_pool_dns_adds_and_removes_engines_keeps_static_and_last_answer() 
 
     up = FakeUpstream()
     calls = Engines()
-    cfg = Backends(static=(A,), dns=DnsBackends("engines", 9))
-    pool = BackendPool(cfg, CFG, up, calls, resolver=resolver)
+    cfg = EngineSources(static=(A,), dns=DnsEngines("engines", 9))
+    pool = EnginePool(cfg, CFG, up, calls, resolver=resolver)
     await pool.resolve_once()
-    assert set(pool.backends) == {A, "http://10.0.0.1:9", "http://10.0.0.2:9"}
-    assert pool.backends["http://10.0.0.1:9"].source == "dns"
+    assert set(pool.engines) == {A, "http://10.0.0.1:9", "http://10.0.0.2:9"}
+    assert pool.engines["http://10.0.0.1:9"].source == "dns"
     await pool.resolve_once()
-    assert set(pool.backends) == {A, "http://10.0.0.2:9"}
+    assert set(pool.engines) == {A, "http://10.0.0.2:9"}
     await pool.resolve_once()  # resolution failed: keep what we had
-    assert set(pool.backends) == {A, "http://10.0.0.2:9"}
+    assert set(pool.engines) == {A, "http://10.0.0.2:9"}
     assert calls.calls[-1] == {A: 1, "http://10.0.0.2:9": 1}
     assert len(calls.calls) == 3
 

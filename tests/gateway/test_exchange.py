@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from router.gateway import exchange as exchange_module
 from router.gateway import sse
 from router.gateway.app import Gateway, build_app
-from router.gateway.config import Backends, Config, DnsBackends, Limits, Timeouts
+from router.gateway.config import Config, DnsEngines, EngineSources, Limits, Timeouts
 from router.gateway.config import Health as HealthConfig
 from tests.fakes import (
     SSE,
@@ -62,7 +62,7 @@ def chat(text: str = "hello there, how are you today?", **extra: Any) -> dict[st
 
 def config(*urls: str, **changes: Any) -> Config:
     cfg = Config(
-        backends=Backends(static=urls),
+        engines=EngineSources(static=urls),
         # Probes run once at start; tests drive health themselves.
         health=HealthConfig(interval_seconds=3600, eject_after_failures=3),
         timeouts=Timeouts(connect_seconds=1, first_byte_seconds=0.3, idle_stream_seconds=0.3),
@@ -296,7 +296,7 @@ async def test_proxy_consecutive_failures_eject_backend_passively(tmp_path: Path
             assert (await r.post(CHAT, chat(f"{i * 7919:05d} a distinct prompt " * 3)))[0] == 200
         # Three failed attempts eject A; after that it is no candidate and never tried again.
         assert r.up.sent.count(A) == 3
-        assert r.gw.pool.backends[A].health.state.value == "ejected"
+        assert r.gw.pool.engines[A].health.state.value == "ejected"
         assert await r.metric("kvrouter_backend_healthy", backend=A) == 0
         assert await r.metric("kvrouter_backend_healthy", backend=B) == 1
         assert await r.metric("kvrouter_retries_total") == 3
@@ -436,7 +436,7 @@ async def test_ready_503_until_backend_healthy(tmp_path: Path) -> None:
     async with rig(tmp_path, engine, ready=False) as r:
         async with r.client.get("/ready") as resp:
             assert resp.status == 503
-            assert (await resp.json())["reason"] == "no healthy backend yet"
+            assert (await resp.json())["reason"] == "no healthy engine yet"
         assert (await r.client.get("/health")).status == 200
         engine.down = False
         await r.gw.pool.probe_all()
@@ -613,12 +613,12 @@ def test_fuzz_handler_never_500(
 
 
 async def test_dns_backends_resolved_probed_and_routed(tmp_path: Path) -> None:
-    dns = DnsBackends("localhost", 9, interval_seconds=3600)
+    dns = DnsEngines("localhost", 9, interval_seconds=3600)
     engine = FakeEngine("http://127.0.0.1:9")
-    async with rig(tmp_path, engine, backends=Backends(dns=dns)) as r:
+    async with rig(tmp_path, engine, engines=EngineSources(dns=dns)) as r:
         assert (await r.post(CHAT, chat()))[0] == 200
         assert r.up.sent == ["http://127.0.0.1:9"]
-        assert r.gw.pool.backends["http://127.0.0.1:9"].source == "dns"
+        assert r.gw.pool.engines["http://127.0.0.1:9"].source == "dns"
 
 
 SESSION_POLICY = """

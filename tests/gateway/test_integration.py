@@ -118,7 +118,7 @@ def start_fleet(
         args += ["--backend", e.url]
     env = {"KVROUTER_ADMIN_TOKEN": TOKEN}
     # Listening first (/health), then ready with every backend healthy: /ready alone would
-    # pass with one healthy backend, and the tests want all of them.
+    # pass with one healthy engine, and the tests want all of them.
     router = start_kvrouter(args, tmp, env=env)
     procs.append(router)
     wait_until(lambda: readiness(router)["healthy_backends"] == n, "all backends healthy")

@@ -24,7 +24,7 @@ from router.gateway.config import (
     Gossip,
     GossipTls,
     Listen,
-    backend_url,
+    engine_url,
     load_config_text,
     with_overrides,
 )
@@ -193,7 +193,7 @@ def test_config_gossip_fields_checked(text: str, message: str) -> None:
 def test_engine_name_same_from_static_url_and_dns(static: str, dns: tuple[str, str, int]) -> None:
     # Deltas name engines by URL: a replica configured by URL and one discovering the engine by
     # DNS must agree on its name.
-    assert backend_url(static) == url_for(*dns)
+    assert engine_url(static) == url_for(*dns)
 
 
 # -- replicas in one process -------------------------------------------------------------------
@@ -307,7 +307,7 @@ async def test_replica_metrics_exported_through_the_registry(replicas: Replicas)
     assert await replicas.settle(lambda: b.replica.node.stats().counters.deltas_applied == 1)
     metrics = Metrics(
         FleetView(
-            backends=lambda: (),
+            engines=lambda: (),
             local_load=lambda _e: Load(),
             index_entries=lambda: 0,
             gossip_peers=b.replica.peers,
