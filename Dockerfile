@@ -1,9 +1,9 @@
 # kvrouter image: `kvrouter serve` on a slim Python, as a non-root user.
 #
-# Two stages. The builder has pip, the build back end and grpcio-tools; it generates the gossip
-# protocol code from proto/ and installs kvrouter with its dependencies into /opt/kvrouter (a
+# Two stages. The builder has pip and the build back end; it installs kvrouter (the gossip
+# protocol code is committed in router/) with its dependencies into /opt/kvrouter (a
 # virtualenv). The final stage is a fresh python:3.11-slim that receives only that virtualenv:
-# no compilers, no grpcio-tools, no source tree.
+# no compilers, no source tree.
 #
 #   docker build -t kvrouter:0.1.0 .
 #   docker run --rm -p 8000:8000 kvrouter:0.1.0 serve --backend http://host.docker.internal:8001
@@ -14,19 +14,9 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 
-# Build-time tools live in their own environment so that none of them reach the image.
-RUN python -m venv /opt/build-tools \
- && /opt/build-tools/bin/pip install "grpcio-tools>=1.60"
-
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY proto/ proto/
 COPY router/ router/
-
-# Generated protobuf and gRPC modules (router/gossip/pb/) are build output, never committed:
-# make them here, before the package is installed, so that the install includes them.
-RUN /opt/build-tools/bin/python -m router.protogen \
- && test -f router/gossip/pb/__init__.py
 
 # Only prebuilt wheels for the dependencies: a dependency that would need a compiler fails the
 # build here rather than dragging build tools into an image.

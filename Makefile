@@ -1,19 +1,25 @@
 # Set-up and everyday commands. `make demo` and `make test` work on a fresh machine with
-# Python 3.11+: they create .venv, install kvrouter into it, and generate the gossip code.
+# Python 3.11+: they create .venv and install kvrouter into it with its development tools.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck unit tools clean
+.PHONY: install proto demo test lint typecheck unit tools clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml $(wildcard proto/*.proto)
+$(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -m router.protogen
 	touch $(STAMP)
+
+# The gossip protocol's Python code is committed in router/gossip/pb/, so that every install
+# (wheel, sdist, editable, the image) has it without a protobuf compiler. Run this after editing
+# proto/gossip.proto; tests/gossip/test_generated_code.py fails until the two agree.
+proto: install
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=router/gossip/pb --pyi_out=router/gossip/pb \
+	  proto/gossip.proto
 
 demo: install
 	$(VENV)/bin/kvrouter demo
@@ -38,4 +44,4 @@ unit: install tools
 test: lint typecheck unit
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache router/gossip/pb
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,19 +1,14 @@
 """The generated protocol messages, and the few helpers every module needs around them.
 
 The messages come from proto/gossip.proto, generated into ``router.gossip.pb`` by
-``python -m router.protogen`` (run by ``make install``).
+``make proto`` and committed with it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-try:
-    from router.gossip.pb import gossip_pb2 as pb
-except ImportError as e:  # pragma: no cover - only on a checkout that skipped code generation
-    raise ImportError(
-        "router.gossip.pb is missing: generate it with `python -m router.protogen`"
-    ) from e
+from router.gossip.pb import gossip_pb2 as pb
 
 __all__ = [
     "EXCHANGE_PATH",

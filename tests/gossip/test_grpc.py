@@ -25,7 +25,6 @@ from router.gossip.config import LOCAL, GossipConfig, TlsFiles
 from router.gossip.grpc_transport import transport_for
 from router.gossip.membership import State
 from router.gossip.node import GossipNode
-from router.gossip.pb import gossip_pb2_grpc
 from router.gossip.wire import PROTOCOL_VERSION, pb
 from tests.support import LOOPBACK, free_port
 
@@ -136,7 +135,9 @@ async def test_grpc_wrong_secret_refused_counted_not_merged(nodes: Nodes) -> Non
     assert rogue.node.stats().counters.call_failures >= 1
 
 
-async def test_grpc_generated_stub_speaks_the_protocol(nodes: Nodes) -> None:
+async def test_grpc_plain_client_speaks_the_protocol(nodes: Nodes) -> None:
+    # A client that knows only the proto (package kvrouter.gossip.v1, service Gossip, unary
+    # Exchange of Envelopes), as any gRPC stub generated from it would call.
     a = await nodes.start("a")
     sealer = Sealer(SECRET)
     frame = pb.Frame(
@@ -148,14 +149,18 @@ async def test_grpc_generated_stub_speaks_the_protocol(nodes: Nodes) -> None:
     )
     data = frame.SerializeToString()
     async with grpc.aio.insecure_channel(a.address) as channel:
-        stub = gossip_pb2_grpc.GossipStub(channel)
-        reply = await stub.Exchange(pb.Envelope(frame=data, mac=sealer.mac(data)), timeout=5)
+        exchange = channel.unary_unary(
+            "/kvrouter.gossip.v1.Gossip/Exchange",
+            request_serializer=pb.Envelope.SerializeToString,
+            response_deserializer=pb.Envelope.FromString,
+        )
+        reply = await exchange(pb.Envelope(frame=data, mac=sealer.mac(data)), timeout=5)
         sealer.verify(reply.frame, reply.mac)
         answer = pb.Frame.FromString(reply.frame)
         assert answer.reply_to == 12345 and answer.WhichOneof("body") == "ack"
         # The same envelope again is a replay.
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub.Exchange(pb.Envelope(frame=data, mac=sealer.mac(data)), timeout=5)
+            await exchange(pb.Envelope(frame=data, mac=sealer.mac(data)), timeout=5)
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert a.node.stats().counters.refused_replay == 1
 

@@ -18,7 +18,6 @@ from router.gossip.snapshot import SnapshotSessions
 from router.gossip.stats import samples
 from router.gossip.store import DeltaStore, LoadStore
 from router.gossip.wire import pb
-from router.protogen import relative_imports
 
 SECRET = b"0123456789abcdef-secret"
 
@@ -434,10 +433,3 @@ def test_stats_samples_named_kvrouter_gossip() -> None:
     assert got[("kvrouter_gossip_bytes_total", (("direction", "in"),))] == 5
     assert got[("kvrouter_gossip_convergence_lag_seconds", (("origin", "o"),))] == 0.2
     assert all(s.name.startswith("kvrouter_gossip_") for s in samples(st))
-
-
-def test_protogen_sibling_imports_made_relative() -> None:
-    src = "import grpc\nimport gossip_pb2 as gossip__pb2\nimport other\n"
-    assert relative_imports(src, {"gossip_pb2"}) == (
-        "import grpc\nfrom . import gossip_pb2 as gossip__pb2\nimport other\n"
-    )

@@ -1,0 +1,1 @@
+"""Generated from proto/ by ``make proto`` and committed; do not edit."""
