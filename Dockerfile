@@ -1,9 +1,9 @@
 # kvrouter image: `kvrouter serve` on a slim Python, as a non-root user.
 #
-# Two stages. The builder has pip and the build back end; it installs kvrouter (the gossip
-# protocol code is committed in router/) with its dependencies into /opt/kvrouter (a
-# virtualenv). The final stage is a fresh python:3.11-slim that receives only that virtualenv:
-# no compilers, no source tree.
+# Two stages. The builder installs kvrouter the way a user does: it builds kvrouter's wheel
+# (the policy presets and the committed gossip protocol code are inside) and installs that
+# wheel with its runtime dependencies into /opt/kvrouter (a virtualenv). The final stage is a
+# fresh python:3.11-slim that receives only that virtualenv: no compilers, no source tree.
 #
 #   docker build -t kvrouter:0.1.0 .
 #   docker run --rm -p 8000:8000 kvrouter:0.1.0 serve --backend http://host.docker.internal:8001
@@ -16,13 +16,20 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY policies/ policies/
 COPY router/ router/
 
+RUN python -m pip wheel --no-deps --wheel-dir /tmp/dist .
+
 # Only prebuilt wheels for the dependencies: a dependency that would need a compiler fails the
-# build here rather than dragging build tools into an image.
+# build here rather than dragging build tools into an image. The checks run outside /src, so
+# they see the installed package, not the source tree.
 RUN python -m venv /opt/kvrouter \
- && /opt/kvrouter/bin/pip install --only-binary=:all: --no-binary=kvrouter . \
- && /opt/kvrouter/bin/kvrouter --help > /dev/null
+ && /opt/kvrouter/bin/pip install --only-binary=:all: /tmp/dist/kvrouter-*.whl \
+ && cd / \
+ && /opt/kvrouter/bin/kvrouter --help > /dev/null \
+ && /opt/kvrouter/bin/kvrouter policy check kv-aware > /dev/null \
+ && /opt/kvrouter/bin/python -c "import router.gossip.wire"
 
 
 FROM python:3.11-slim

@@ -744,14 +744,19 @@ def test_dockerfile_final_stage_installs_no_build_tools() -> None:
     assert copies and all(c.startswith("--from=builder ") for c in copies), copies
 
 
-def test_dockerfile_builder_generates_no_code() -> None:
-    # The gossip code is committed in router/: no protobuf compiler, no code generation.
+def test_dockerfile_builder_installs_the_wheel_it_builds_and_generates_nothing() -> None:
+    # The image installs what a user installs: kvrouter's wheel, with the presets and the
+    # committed gossip code inside; no protobuf compiler and no code generation.
     builder = stages()[0]
     runs = builder.runs()
-    assert any(re.search(r"/opt/kvrouter/bin/pip install", r) for r in runs)
+    wheel = next(i for i, r in enumerate(runs) if re.search(r"pip wheel --no-deps", r))
+    install = next(
+        i for i, r in enumerate(runs) if re.search(r"/opt/kvrouter/bin/pip install .*\.whl", r)
+    )
+    assert wheel <= install
     assert not [r for r in runs if re.search(r"protogen|protoc|grpc_tools|grpcio-tools", r)]
     copied = " ".join(i.args for i in builder.instructions if i.keyword == "COPY")
-    assert "router/" in copied
+    assert "policies/" in copied and "router/" in copied
 
 
 def test_dockerfile_final_stage_gets_the_builder_venv_on_path() -> None:
@@ -769,6 +774,7 @@ def test_dockerfile_final_stage_gets_the_builder_venv_on_path() -> None:
     [
         ("pyproject.toml", False),
         ("README.md", False),
+        ("policies/kv-aware.yaml", False),
         ("proto/gossip.proto", True),
         ("router/cli.py", False),
         ("router/core/policy.py", False),
