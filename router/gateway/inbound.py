@@ -44,8 +44,8 @@ def _type_name(v: Any) -> str:
     return names.get(type(v), type(v).__name__)
 
 
-def parse(raw: bytes, route: str) -> Inbound:
-    """Parse and check a body for ``route``; raises ``BadRequest`` naming the field at fault."""
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A body that must be one JSON object; raises ``BadRequest`` saying what it is instead."""
     if not raw:
         raise BadRequest("the request body is empty; send a JSON object")
     try:
@@ -54,6 +54,12 @@ def parse(raw: bytes, route: str) -> Inbound:
         raise BadRequest(f"the request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise BadRequest(f"the request body must be a JSON object, got {_type_name(body)}")
+    return body
+
+
+def parse(raw: bytes, route: str) -> Inbound:
+    """Parse and check a body for ``route``; raises ``BadRequest`` naming the field at fault."""
+    body = json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         got = "missing" if model is None else f"got {_type_name(model)}"

@@ -7,8 +7,9 @@ with ``:`` are comments; ``id:`` sets the last event id, which later events keep
 dropped. The decoder works on bytes and keeps an unfinished line or event for the next chunk,
 so a stream yields the same events whatever its chunk boundaries.
 
-``encode`` writes events the way vLLM's OpenAI server does (``data: ...\\n\\n``); ``DONE`` ends an
-OpenAI stream and ``error_event`` ends a stream that failed after its first byte.
+``encode`` writes events the way vLLM's OpenAI server does (``data: ...\\n\\n``) under
+``HEADERS``; ``DONE`` ends an OpenAI stream and ``error_event`` ends a stream that failed after
+its first byte.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from types import MappingProxyType
 
-__all__ = ["DONE", "Decoder", "Event", "SSEError", "encode", "error_event"]
+__all__ = ["DONE", "HEADERS", "Decoder", "Event", "SSEError", "encode", "error_event"]
 
 DONE = b"data: [DONE]\n\n"
+# The response headers of an event stream, as OpenAI-compatible servers send them.
+HEADERS = MappingProxyType({"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
 
 _EOL = re.compile(rb"\r\n|\r|\n")
 _BOM = b"\xef\xbb\xbf"
