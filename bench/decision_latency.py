@@ -16,7 +16,7 @@ import time
 
 from router.core.decision import RoutingCore
 from router.core.policy import load_policy
-from router.core.simulator import percentile
+from router.core.stats import percentile
 from router.presets import preset_path
 
 CHARS_PER_TOKEN = 4

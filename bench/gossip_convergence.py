@@ -25,6 +25,7 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass
 
+from router.core.stats import percentile
 from router.gossip.clock import ManualClock
 from router.gossip.config import LAN
 from router.gossip.wire import pb
@@ -42,13 +43,6 @@ class Result:
     bytes_out_per_replica_s: float
     messages_out_per_replica_s: float
     snapshots: int
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 async def run_fleet(n: int, args: argparse.Namespace) -> Result:
@@ -119,7 +113,7 @@ async def run_fleet(n: int, args: argparse.Namespace) -> Result:
             deltas=len(created),
             reached_all=len(done) / max(1, len(created)),
             p50_ms=1000 * statistics.median(done) if done else float("nan"),
-            p99_ms=1000 * _percentile(done, 0.99),
+            p99_ms=1000 * percentile(done, 99) if done else float("nan"),
             max_ms=1000 * max(done, default=float("nan")),
             bytes_out_per_replica_s=bytes_out / n / args.seconds,
             messages_out_per_replica_s=msgs_out / n / args.seconds,

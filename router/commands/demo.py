@@ -26,7 +26,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from router.core.simulator import percentile
+from router.core.stats import percentile
 from router.core.workload import SyntheticSpec, TraceRequest, synthetic
 from router.gateway.sse import Decoder
 from router.presets import preset_path

@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from router.core.fields import ConfigError
 from router.gateway.config import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     GOSSIP_PRESETS,
     Config,
-    ConfigError,
     check_ready_to_serve,
     load_config,
     with_overrides,

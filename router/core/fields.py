@@ -46,6 +46,10 @@ def read_yaml_file(path: str | Path, error: type[ValueError]) -> tuple[Any, str]
     return parse_yaml(text, str(p), error), str(p)
 
 
+class ConfigError(ValueError):
+    """A setting that cannot be used (file, flag or environment); the message says where and why."""
+
+
 class Fields:
     """A mapping read field by field; reports the path of whatever is wrong."""
 

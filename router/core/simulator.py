@@ -15,7 +15,6 @@ finishes (its load is released). ``decision_us`` is the CPU time of ``decide`` a
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -24,6 +23,7 @@ from typing import Any
 from router.core.decision import Lease, RoutingCore
 from router.core.engine_model import EngineClock, EngineSpec, PrefixCache
 from router.core.policy import Policy
+from router.core.stats import percentile
 from router.core.workload import TraceRequest
 
 POOLED = "pooled-reference"
@@ -51,15 +51,6 @@ class SimResult:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]); 0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100.0 * len(ordered)) - 1))
-    return float(ordered[rank])
 
 
 @dataclass(frozen=True, slots=True)

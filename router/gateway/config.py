@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from router.core.fields import Fields, parse_yaml, read_yaml_file, show
+from router import hostport
+from router.core.fields import ConfigError, Fields, parse_yaml, read_yaml_file, show
 from router.presets import DEFAULT as DEFAULT_POLICY
 
 # A server in a pod must listen on every interface to be reachable through its Service.
@@ -47,10 +48,6 @@ DEFAULT_PORT = 8000
 SCHEMES = ("http", "https")
 DEFAULT_PORTS = {"http": 80, "https": 443}
 DAY = 86_400.0
-
-
-class ConfigError(ValueError):
-    """A config file or flag that cannot be used; the message says where and why."""
 
 
 class _Fields(Fields):
@@ -191,18 +188,12 @@ def engine_url(text: str) -> str:
 
 def dns_target(text: str) -> tuple[str, int]:
     """``NAME:PORT`` -> (name, port); raises ``ValueError`` saying why."""
-    name, sep, port = text.rpartition(":")
-    if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"must be NAME:PORT with a port from 1 to 65535, got {text!r}")
-    return name.strip("[]"), int(port)
+    return hostport.split(text)
 
 
 def gossip_peer(text: str) -> str:
     """A gossip seed, ``HOST:PORT`` (``[V6]:PORT``), stripped; raises ``ValueError``."""
-    try:
-        dns_target(text.strip())
-    except ValueError:
-        raise ValueError(f"must be HOST:PORT with a port from 1 to 65535, got {text!r}") from None
+    hostport.split(text)
     return text.strip()
 
 
@@ -210,7 +201,7 @@ def gossip_dns(text: str) -> str:
     """A gossip DNS name, ``NAME:PORT`` or ``NAME`` (the gossip port); raises ``ValueError``."""
     text = text.strip()
     if ":" in text and not text.endswith("]"):
-        dns_target(text)
+        hostport.split(text)
     elif not text.strip("[]"):
         raise ValueError("must be NAME:PORT or NAME, got an empty name")
     return text

@@ -29,9 +29,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
+from router import hostport
 from router.core.decision import RoutingCore
+from router.core.fields import ConfigError
 from router.core.index import Delta
-from router.gateway.config import Config, ConfigError, GossipTls
+from router.gateway.config import Config, GossipTls
 from router.gateway.gossip_delegate import IndexDelegate
 from router.gossip import (
     PRESETS,
@@ -46,8 +48,6 @@ from router.gossip import (
     samples,
     transport_for,
 )
-from router.gossip import ConfigError as GossipConfigError
-from router.gossip.config import join_hostport
 from router.gossip.discovery import Resolver
 
 log = logging.getLogger(__name__)
@@ -96,19 +96,17 @@ def gossip_config(
         host, g.port, environ, hostname, host_addresses or _host_addresses
     )
     node_id = g.node_id or environ.get(POD_NAME_ENV) or f"{hostname()}:{g.port}"
-    try:
-        return GossipConfig(
-            node_id=node_id,
-            bind=join_hostport(host or "0.0.0.0", g.port),
-            advertise=advertise,
-            seeds=g.peers,
-            dns_name=g.dns or None,
-            secret=secret,
-            tls=tls,
-            tuning=PRESETS[g.preset],
-        )
-    except GossipConfigError as e:
-        raise ConfigError(str(e)) from None
+    # GossipConfig checks itself and raises the same ConfigError.
+    return GossipConfig(
+        node_id=node_id,
+        bind=hostport.join(host or "0.0.0.0", g.port),
+        advertise=advertise,
+        seeds=g.peers,
+        dns_name=g.dns or None,
+        secret=secret,
+        tls=tls,
+        tuning=PRESETS[g.preset],
+    )
 
 
 def _tls_files(tls: GossipTls) -> TlsFiles | None:
@@ -138,16 +136,16 @@ def _advertise(
 ) -> str:
     """Where peers reach this replica when ``advertise`` is not given."""
     if host == "localhost":
-        return join_hostport("127.0.0.1", port)
+        return hostport.join("127.0.0.1", port)
     if host not in WILDCARDS:
-        return join_hostport(host, port)
+        return hostport.join(host, port)
     pod_ip = environ.get(POD_IP_ENV, "").strip()
     if pod_ip:
-        return join_hostport(pod_ip, port)
+        return hostport.join(pod_ip, port)
     name = hostname()
     for address in host_addresses(name):
         if not ipaddress.ip_address(address.split("%")[0]).is_loopback:
-            return join_hostport(address, port)
+            return hostport.join(address, port)
     raise ConfigError(
         f"gossip listens on every interface ({host or '0.0.0.0'}) and this host's name "
         f"{name!r} resolves to no address peers could dial: give --gossip-advertise HOST:PORT "
@@ -220,7 +218,7 @@ class Replica:
         c = self.config
         try:
             await self.node.start()
-        except (TransportError, GossipConfigError, OSError) as e:
+        except (TransportError, ConfigError, OSError) as e:
             raise GossipStartError(f"gossip cannot start: {e}") from e
         auth = " + ".join(
             name for name, on in (("mutual TLS", c.tls), ("shared secret", c.secret)) if on

@@ -44,7 +44,9 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from router.gateway.config import Config, ConfigError, GossipTls
+from router import hostport
+from router.core.fields import ConfigError
+from router.gateway.config import Config, GossipTls
 
 if TYPE_CHECKING:
     from router.gossip import GossipConfig
@@ -82,7 +84,7 @@ def _node_id(cfg: Config, environ: Mapping[str, str], index: int) -> str:
 def worker_gossip(cfg: Config, n: int, environ: Mapping[str, str]) -> list[GossipConfig]:
     """Each worker's gossip settings; raises ``ConfigError``."""
     from router.gateway.replicas import WILDCARDS, gossip_config
-    from router.gossip.config import join_hostport, split_hostport
+    from router.gossip.config import split_hostport
 
     g = cfg.gossip
     out: list[GossipConfig] = []
@@ -96,16 +98,16 @@ def worker_gossip(cfg: Config, n: int, environ: Mapping[str, str]) -> list[Gossi
                 g,
                 enabled=True,
                 port=port,
-                peers=tuple(join_hostport(LOOPBACK, p) for p in ports if p != port),
+                peers=tuple(hostport.join(LOOPBACK, p) for p in ports if p != port),
                 dns="",
                 tls=GossipTls(),
-                advertise=join_hostport(LOOPBACK, port),
+                advertise=hostport.join(LOOPBACK, port),
                 node_id=_node_id(cfg, environ, i),
                 preset="local",
             )
             gc = gossip_config(dataclasses.replace(cfg, gossip=mine), env)
             assert gc is not None
-            out.append(dataclasses.replace(gc, bind=join_hostport(LOOPBACK, port)))
+            out.append(dataclasses.replace(gc, bind=hostport.join(LOOPBACK, port)))
         return out
     if g.port + n - 1 > 65535:
         raise ConfigError(f"--workers {n}: gossip ports {g.port} to {g.port + n - 1} exceed 65535")
@@ -116,8 +118,8 @@ def worker_gossip(cfg: Config, n: int, environ: Mapping[str, str]) -> list[Gossi
         advertise = ""
         if g.advertise:
             ahost, aport = split_hostport(g.advertise, "advertise")
-            advertise = join_hostport(ahost, aport + i)
-        siblings = tuple(join_hostport(sibling_host, p) for p in ports if p != port)
+            advertise = hostport.join(ahost, aport + i)
+        siblings = tuple(hostport.join(sibling_host, p) for p in ports if p != port)
         mine = dataclasses.replace(
             g,
             port=port,

@@ -18,13 +18,13 @@ Cut like hashicorp/memberlist, one concern per module:
 The wire protocol is proto/gossip.proto.
 """
 
+from router.core.fields import ConfigError
 from router.gossip.clock import Clock, ManualClock, SystemClock
 from router.gossip.config import (
     LAN,
     LOCAL,
     PRESETS,
     SECRET_ENV,
-    ConfigError,
     GossipConfig,
     TlsFiles,
     Tuning,

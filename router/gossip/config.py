@@ -12,12 +12,11 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from router import hostport
+from router.core.fields import ConfigError
+
 SECRET_ENV = "KVROUTER_GOSSIP_SECRET"
 DEFAULT_PORT = 7946
-
-
-class ConfigError(ValueError):
-    """A gossip setting is missing or out of range; the message names the field."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +218,7 @@ class GossipConfig:
         host, port = split_hostport(self.bind, "bind")
         if host in ("0.0.0.0", "::", ""):
             raise ConfigError(f"gossip bind {self.bind!r} is a wildcard: set advertise")
-        return join_hostport(host, port)
+        return hostport.join(host, port)
 
     @property
     def dns_target(self) -> tuple[str, int] | None:
@@ -239,14 +238,7 @@ def secret_from_env(env: dict[str, str] | None = None) -> bytes | None:
 
 def split_hostport(value: str, where: str) -> tuple[str, int]:
     """``HOST:PORT`` or ``[V6]:PORT`` -> (host, port); ConfigError naming ``where``."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"gossip {where}: expected HOST:PORT, got {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
-
-
-def join_hostport(host: str, port: int) -> str:
-    """The inverse of ``split_hostport``."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        return hostport.split(value, port_zero=True)
+    except ValueError as e:
+        raise ConfigError(f"gossip {where}: {e}") from None

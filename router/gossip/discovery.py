@@ -12,7 +12,8 @@ import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 
-from router.gossip.config import join_hostport, split_hostport
+from router import hostport
+from router.gossip.config import split_hostport
 
 # (host, port) -> the HOST:PORT addresses it resolves to.
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -21,7 +22,7 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 async def system_resolver(host: str, port: int) -> list[str]:
     """Resolve with the event loop's getaddrinfo; every address once, sorted."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return sorted({join_hostport(str(info[4][0]), port) for info in infos})
+    return sorted({hostport.join(str(info[4][0]), port) for info in infos})
 
 
 def _is_ip(host: str) -> bool:
@@ -51,7 +52,7 @@ class Discovery:
         found: dict[str, None] = {}
         for host, port in targets:
             if _is_ip(host):
-                found[join_hostport(host, port)] = None
+                found[hostport.join(host, port)] = None
                 continue
             try:
                 for address in await self.resolver(host, port):

@@ -28,10 +28,11 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from router.core.fields import ConfigError
 from router.gossip.auth import AuthError, ReplayGuard, Sealer
 from router.gossip.broadcast import TransmitQueue
 from router.gossip.clock import Clock, SystemClock
-from router.gossip.config import ConfigError, GossipConfig, split_hostport
+from router.gossip.config import GossipConfig, split_hostport
 from router.gossip.delegate import Delegate
 from router.gossip.discovery import Discovery, Resolver, system_resolver
 from router.gossip.membership import Change, Member, MemberTable, State

@@ -12,7 +12,8 @@ import pytest
 from router.commands.traces import read_trace
 from router.core.engine_model import EngineClock, EngineSpec, PrefixCache
 from router.core.policy import load_policy
-from router.core.simulator import Fleet, percentile, simulate
+from router.core.simulator import Fleet, simulate
+from router.core.stats import percentile
 from router.core.workload import (
     MOONCAKE_BLOCK_TOKENS,
     SyntheticSpec,

@@ -9,9 +9,9 @@ import pytest
 
 from router.cli import main
 from router.commands import serve
+from router.core.fields import ConfigError
 from router.gateway.config import (
     Config,
-    ConfigError,
     DnsEngines,
     check_ready_to_serve,
     engine_url,
@@ -158,8 +158,8 @@ def test_overrides_flags_replace_file_values() -> None:
     ("kwargs", "expected"),
     [
         ({"engines": ["localhost:8000"]}, "--engine: must start with http://"),
-        ({"engine_dns": "engines"}, "--engine-dns: must be NAME:PORT"),
-        ({"engine_dns": "engines:0"}, "--engine-dns: must be NAME:PORT"),
+        ({"engine_dns": "engines"}, "--engine-dns: must be HOST:PORT"),
+        ({"engine_dns": "engines:0"}, "--engine-dns: must be HOST:PORT"),
     ],
 )
 def test_overrides_bad_flag_names_it(kwargs: dict[str, object], expected: str) -> None:

@@ -16,11 +16,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.core.decision import RoutingCore
+from router.core.fields import ConfigError
 from router.core.load import Load
 from router.core.policy import load_policy, load_policy_text
 from router.gateway.config import (
     Config,
-    ConfigError,
     Gossip,
     GossipTls,
     Listen,
@@ -154,7 +154,7 @@ def test_overrides_gossip_port_turns_gossip_on_flags_replace_file() -> None:
     [
         ({"gossip_peers": ["a:1"]}, "--gossip-peer needs gossip on: give --gossip-port P"),
         ({"gossip_port": 7000, "gossip_peers": ["nope"]}, "--gossip-peer: must be HOST:PORT"),
-        ({"gossip_port": 7000, "gossip_dns": "n:0"}, "--gossip-dns: must be NAME:PORT"),
+        ({"gossip_port": 7000, "gossip_dns": "n:0"}, "--gossip-dns: must be HOST:PORT"),
         ({"gossip_port": 7000, "gossip_advertise": "h"}, "--gossip-advertise: must be HOST:PORT"),
         ({"gossip_port": 70000}, "--gossip-port: must be from 1 to 65535"),
     ],

@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.cli import build_parser
 from router.commands.serve import config_from_args
-from router.gateway.config import Config, ConfigError
+from router.core.fields import ConfigError
+from router.gateway.config import Config
 from router.gateway.workers import STOP_GRACE_S, supervise, worker_gossip
 from router.gossip import PRESETS
 from tests.support import Proc, http_json, running, start_kvrouter, wait_until

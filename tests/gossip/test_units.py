@@ -7,12 +7,13 @@ import random
 
 import pytest
 
+from router.core.fields import ConfigError
 from router.core.index import BlockIndex, IndexLimits
 from router.core.load import Load, LoadBook
 from router.gateway.gossip_delegate import IndexDelegate, run_origin
 from router.gossip.auth import AuthError, ReplayGuard, Sealer
 from router.gossip.broadcast import TransmitQueue
-from router.gossip.config import LAN, LOCAL, ConfigError, GossipConfig, secret_from_env
+from router.gossip.config import LAN, LOCAL, GossipConfig, secret_from_env
 from router.gossip.membership import Member, MemberTable, State
 from router.gossip.snapshot import SnapshotSessions
 from router.gossip.stats import samples
