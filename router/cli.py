@@ -14,7 +14,7 @@ from collections.abc import Sequence
 # subcommand -> module with ``add_arguments(parser)`` and ``run(args) -> int``
 _COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("router.commands.serve", "run the gateway in front of OpenAI-compatible engines"),
-    "engine-sim": ("router.enginesim.app", "run a simulated OpenAI-compatible engine"),
+    "engine-sim": ("router.enginesim.cli", "run a simulated OpenAI-compatible engine"),
     "simulate": ("router.commands.simulate", "replay a trace through the routing core offline"),
     "policy": ("router.commands.policy", "validate policy files"),
     "demo": (

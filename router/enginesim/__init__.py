@@ -1,0 +1,21 @@
+"""``kvrouter engine-sim``: a simulated OpenAI-compatible engine with a real prefix cache.
+
+One process is one engine. It answers the OpenAI surface the gateway proxies, framed like
+vLLM's OpenAI server, and exports vLLM's metric names, so the gateway, the demo and the
+benchmarks can treat it as a real engine. Behind the HTTP surface is the engine model the
+offline simulator uses (``router.core.engine_model``): a result in simulation is one the live
+demo can reproduce.
+
+Modules, from the request inwards:
+
+- ``requests``: an inbound body -> what the engine needs (the gateway's parsing and errors,
+  plus the fields only an engine reads), and ``/fault`` bodies.
+- ``tokens``: a prompt -> its token count and cache-block keys; the output vocabulary.
+- ``engine``: the state of one engine: prefix cache, clock, counters, in-flight requests and
+  the pending fault.
+- ``responses``: generation streams and bodies, embeddings and the model list, as vLLM shapes
+  them.
+- ``metrics``: vLLM's metric names for ``/metrics``.
+- ``app``: the aiohttp app: routes, pacing of streams, faults, ``/stats`` and ``/reset``.
+- ``cli``: the ``engine-sim`` subcommand's options and process.
+"""

@@ -10,7 +10,8 @@ import aiohttp
 import pytest
 from aiohappyeyeballs import AddrInfoType
 
-from router.enginesim.app import SimSettings, serving
+from router.enginesim.app import serving
+from router.enginesim.engine import SimSettings
 from router.gateway import upstream as upstream_mod
 from router.gateway.errors import UpstreamConnectError, UpstreamDropped, UpstreamTimeout
 from router.gateway.upstream import AiohttpUpstream, UpstreamRequest, nodelay_socket

@@ -1,0 +1,128 @@
+"""``kvrouter engine-sim``: its options, and one engine served until SIGINT or SIGTERM.
+
+Exit codes: 0 after a signal, 2 for settings that describe no engine (a cache smaller than one
+block), 1 for an address that cannot be listened on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from router.core.engine_model import EngineSpec
+from router.enginesim.app import LOOPBACK, serving
+from router.enginesim.engine import DEFAULT_MODEL, SimSettings
+from router.gateway.eventloop import loop_factory
+
+
+def settings_from_args(args: argparse.Namespace) -> SimSettings:
+    """Settings from parsed ``engine-sim`` arguments; raises ``ValueError`` on a bad spec."""
+    spec = EngineSpec(
+        capacity_tokens=args.kv_capacity_tokens,
+        block_tokens=args.block_tokens,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        decode_tokens_per_s=args.decode_tokens_per_s,
+        max_batch=args.max_batch,
+    )
+    return SimSettings(model=args.model, spec=spec, fast=args.fast)
+
+
+def _positive(kind: Callable[[str], int | float]) -> Callable[[str], Any]:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``engine-sim`` options; defaults come from ``EngineSpec``."""
+    d = EngineSpec()
+    add = parser.add_argument
+    add(
+        "--port",
+        type=int,
+        required=True,
+        metavar="P",
+        help="TCP port to listen on (0: any free port)",
+    )
+    add("--host", default=LOOPBACK, metavar="H", help="address to listen on (default: %(default)s)")
+    add(
+        "--model",
+        default=DEFAULT_MODEL,
+        metavar="NAME",
+        help="served model name (default: %(default)s)",
+    )
+    add(
+        "--kv-capacity-tokens",
+        type=_positive(int),
+        default=d.capacity_tokens,
+        metavar="N",
+        help="prefix-cache capacity in tokens (default: %(default)s)",
+    )
+    add(
+        "--block-tokens",
+        type=_positive(int),
+        default=d.block_tokens,
+        metavar="N",
+        help="tokens per cache block (default: %(default)s)",
+    )
+    add(
+        "--prefill-tokens-per-s",
+        type=_positive(float),
+        default=d.prefill_tokens_per_s,
+        metavar="X",
+        help="prefill speed (default: %(default)s)",
+    )
+    add(
+        "--decode-tokens-per-s",
+        type=_positive(float),
+        default=d.decode_tokens_per_s,
+        metavar="Y",
+        help="decode speed per sequence (default: %(default)s)",
+    )
+    add(
+        "--max-batch",
+        type=_positive(int),
+        default=d.max_batch,
+        metavar="B",
+        help="requests decoded at once (default: %(default)s)",
+    )
+    add("--fast", action="store_true", help="no delays; the cache and stats still work")
+
+
+async def _serve_until_signalled(settings: SimSettings, host: str, port: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with serving(settings, host, port) as url:
+        print(f"engine-sim: model {settings.model} on {url}", flush=True)
+        await stop.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve one simulated engine until SIGINT or SIGTERM."""
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        print(f"kvrouter engine-sim: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(_serve_until_signalled(settings, args.host, args.port))
+    except OSError as exc:
+        print(
+            f"kvrouter engine-sim: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
+        )
+        return 1
+    return 0

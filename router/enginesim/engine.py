@@ -1,0 +1,151 @@
+"""One simulated engine's state: its prefix cache, its clock, its counters and a pending fault.
+
+The cache and the timing are the offline simulator's engine model
+(``router.core.engine_model``); this class adds what a served engine has on top: wall-clock
+admission (``now`` is injected, so tests drive it), the requests in flight (vLLM's running and
+waiting gauges), totals for ``/stats`` and ``/metrics``, and the fault the next requests play.
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from router.core.engine_model import EngineClock, EngineSpec, PrefixCache, Schedule
+
+DEFAULT_MODEL = "sim-model"
+
+FaultMode = Literal["status", "hang", "drop-mid-stream"]
+FAULT_MODES: tuple[FaultMode, ...] = ("status", "hang", "drop-mid-stream")
+
+
+@dataclass(frozen=True, slots=True)
+class SimSettings:
+    """What one simulated engine serves and how fast."""
+
+    model: str = DEFAULT_MODEL
+    spec: EngineSpec = field(default_factory=EngineSpec)
+    fast: bool = False
+
+
+@dataclass(slots=True)
+class Counters:
+    """Totals since start or the last reset."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One admitted request: its schedule, its cache hit, and how many tokens it has sent."""
+
+    rid: int
+    cached: int
+    schedule: Schedule
+    emitted: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """A pending injected fault: what happens to the next ``count`` generation requests."""
+
+    mode: FaultMode
+    count: int = 1
+    status: int = 503
+
+    def described(self) -> dict[str, Any]:
+        """The fault as ``POST /fault`` echoes it."""
+        out: dict[str, Any] = {"mode": self.mode, "count": self.count}
+        if self.mode == "status":
+            out["status"] = self.status
+        return out
+
+
+class Engine:
+    """The engine's mutable state: prefix cache, clock, counters, in-flight requests, fault."""
+
+    def __init__(self, settings: SimSettings, now: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.now = now
+        spec = settings.spec
+        self.cache = PrefixCache(spec.capacity_tokens, spec.block_tokens)
+        self.clock = EngineClock(spec)
+        self.counters = Counters()
+        self.fault: Fault | None = None
+        self.started = int(time.time())
+        self._inflight: dict[int, Schedule] = {}
+        self._ids = itertools.count()
+
+    def admit(self, keys: Sequence[int], prompt_tokens: int, output_tokens: int) -> Ticket:
+        """Look the prompt up in the cache (then cache it), schedule it, count it."""
+        now = self.now()
+        cached = self.cache.lookup_and_insert(keys, prompt_tokens, now)
+        if self.settings.fast:
+            schedule = Schedule(now, now, now, now)
+        else:
+            schedule = self.clock.admit(now, prompt_tokens - cached, output_tokens)
+        c = self.counters
+        c.requests += 1
+        c.prompt_tokens += prompt_tokens
+        c.cached_tokens += cached
+        ticket = Ticket(next(self._ids), cached, schedule)
+        self._inflight[ticket.rid] = schedule
+        return ticket
+
+    def release(self, ticket: Ticket) -> None:
+        """Forget a finished, failed or abandoned request; count the tokens it did send."""
+        # The clock keeps an abandoned request's slot until its planned end (it has no abort),
+        # but the running and waiting gauges follow the requests actually in flight.
+        if self._inflight.pop(ticket.rid, None) is not None:
+            self.counters.completion_tokens += ticket.emitted
+
+    def load(self) -> tuple[int, int]:
+        """In-flight requests as (running, waiting): waiting ones have not begun prefill."""
+        now = self.now()
+        waiting = sum(1 for s in self._inflight.values() if s.prefill_start > now)
+        return len(self._inflight) - waiting, waiting
+
+    def cache_usage(self) -> float:
+        """The share of the prefix cache in use, from 0 to 1."""
+        return min(1.0, self.cache.tokens / self.settings.spec.capacity_tokens)
+
+    def take_fault(self) -> Fault | None:
+        """The fault for the request arriving now, if one is pending; uses up one count."""
+        fault = self.fault
+        if fault is None:
+            return None
+        self.fault = Fault(fault.mode, fault.count - 1, fault.status) if fault.count > 1 else None
+        return fault
+
+    def reset(self) -> None:
+        """Empty the cache, the clock and the counters (in-flight requests run on)."""
+        self.cache.clear()
+        self.clock.reset()
+        self.counters = Counters()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and gauges as JSON-ready values (``GET /stats``)."""
+        c = self.counters
+        running, waiting = self.load()
+        spec = self.settings.spec
+        return {
+            "model": self.settings.model,
+            "requests": c.requests,
+            "prompt_tokens": c.prompt_tokens,
+            "cached_tokens": c.cached_tokens,
+            "completion_tokens": c.completion_tokens,
+            "cache_hit_ratio": c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
+            "running": running,
+            "waiting": waiting,
+            "cache_tokens": self.cache.tokens,
+            "cache_capacity_tokens": spec.capacity_tokens,
+            "block_tokens": spec.block_tokens,
+            "fast": self.settings.fast,
+        }

@@ -1,0 +1,59 @@
+"""engine-sim's ``/metrics``: vLLM's metric names, read from the engine at scrape time.
+
+Dashboards and load probes written for vLLM read engine-sim unchanged: the same names, labelled
+``model_name``. Each app owns its registry, so several engines in one process (tests) never
+share a counter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from router.enginesim.engine import Engine
+
+
+class EngineCollector(Collector):
+    """vLLM's gauges and counters for one engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterable[Metric]:
+        e = self._engine
+        running, waiting = e.load()
+        usage = e.cache_usage()
+        c = e.counters
+        gauges = (
+            ("vllm:num_requests_running", "Requests in model execution batches.", running),
+            ("vllm:num_requests_waiting", "Requests waiting to be processed.", waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", usage),
+            ("vllm:gpu_cache_usage_perc", "KV-cache usage (older vLLM name).", usage),
+        )
+        counters = (
+            ("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", c.prompt_tokens),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", c.cached_tokens),
+            ("vllm:prompt_tokens", "Prefill tokens processed.", c.prompt_tokens),
+            ("vllm:generation_tokens", "Generation tokens processed.", c.completion_tokens),
+            ("vllm:request_success", "Requests admitted.", c.requests),
+        )
+        labels = ["model_name"]
+        model = [e.settings.model]
+        for name, doc, value in gauges:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(model, value)
+            yield g
+        for name, doc, value in counters:
+            m = CounterMetricFamily(name, doc, labels=labels)
+            m.add_metric(model, value)
+            yield m
+
+
+def registry_for(engine: Engine) -> CollectorRegistry:
+    """A registry of its own holding ``engine``'s collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(engine))
+    return registry

@@ -1,0 +1,189 @@
+"""An inbound request as engine-sim needs it: the gateway's reading, plus an engine's fields.
+
+The body is parsed, and its prompt canonicalised, by the gateway's own
+``router.gateway.inbound.parse``, so router and engine read a request one way; every refusal
+is one of the gateway's error classes (``router.gateway.errors``), which the app renders in
+vLLM's dialect. On top of that come the fields only an engine reads: ``stream_options``,
+``max_tokens`` (``max_completion_tokens`` for chat; clamped to ``MAX_TOKENS_CAP``), ``n``, a
+completions batch of prompts, the embeddings ``input`` and ``encoding_format``. The bodies of
+``POST /fault`` are read here too. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from router.enginesim.engine import FAULT_MODES, Fault, SimSettings
+from router.enginesim.tokens import prefix_keys, prompt_tokens, text_tokens
+from router.gateway.errors import BadRequest, NotFound
+from router.gateway.inbound import Inbound, json_object, parse
+
+DEFAULT_MAX_TOKENS = 16
+# Far above any benchmark's output length, low enough that one request cannot pin the engine.
+MAX_TOKENS_CAP = 4096
+MAX_CHOICES = 16
+EMBEDDINGS = "/v1/embeddings"
+
+
+class Endpoint(enum.Enum):
+    """The two generation routes; they differ in field names and response objects."""
+
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A validated generation request, reduced to what the engine model needs."""
+
+    endpoint: Endpoint
+    stream: bool
+    include_usage: bool
+    max_tokens: int
+    finish_reason: str
+    choices: int
+    prompt_tokens: int
+    keys: tuple[int, ...]
+    seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingRequest:
+    """A validated embeddings request: its inputs as text, and how to encode the vectors."""
+
+    inputs: tuple[str, ...]
+    prompt_tokens: int
+    base64: bool
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _opt_bool(body: Mapping[str, Any], name: str, where: str = "") -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{where}{name}' must be a boolean", where + name)
+    return value
+
+
+def _opt_int(
+    body: Mapping[str, Any], name: str, default: int, lo: int, hi: int, *, clamp: bool = False
+) -> int:
+    """An integer field in [lo, hi]; with ``clamp``, values above ``hi`` become ``hi``."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _is_int(value):
+        raise BadRequest(f"'{name}' must be an integer", name)
+    if value < lo:
+        raise BadRequest(f"'{name}' must be at least {lo}, got {value}", name)
+    if value > hi and not clamp:
+        raise BadRequest(f"'{name}' must be at most {hi}, got {value}", name)
+    return min(int(value), hi)
+
+
+def _served(raw: bytes, route: str, settings: SimSettings) -> Inbound:
+    inbound = parse(raw, route)
+    if inbound.model != settings.model:
+        raise NotFound(f"The model `{inbound.model}` does not exist.", "model")
+    return inbound
+
+
+def _batch_size(prompt: Any) -> int:
+    # A list of prompts is a batch: one choice per prompt, as OpenAI's completions API does.
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        return len(prompt)
+    return 1
+
+
+def parse_generation(raw: bytes, endpoint: Endpoint, settings: SimSettings) -> Generation:
+    """Validate a chat or completions body; raises a ``RequestError`` naming the field."""
+    inbound = _served(raw, endpoint.value, settings)
+    body = inbound.body
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
+    if options is not None and not inbound.stream:
+        raise BadRequest("'stream_options' is only allowed when 'stream' is true", "stream")
+    include_usage = _opt_bool(options or {}, "include_usage", "stream_options.")
+    name = "max_tokens"
+    if endpoint is Endpoint.CHAT and body.get("max_completion_tokens") is not None:
+        name = "max_completion_tokens"
+    max_tokens = _opt_int(body, name, DEFAULT_MAX_TOKENS, 1, MAX_TOKENS_CAP, clamp=True)
+    n = _opt_int(body, "n", 1, 1, MAX_CHOICES)
+    batch = _batch_size(body.get("prompt")) if endpoint is Endpoint.COMPLETIONS else 1
+    tokens = prompt_tokens(inbound.text)
+    keys = prefix_keys(inbound.text, settings.spec.block_tokens)
+    return Generation(
+        endpoint=endpoint,
+        stream=inbound.stream,
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        # A request that set no limit ends "naturally"; one that did runs into it.
+        finish_reason="stop" if body.get(name) is None else "length",
+        choices=n * batch,
+        prompt_tokens=tokens,
+        keys=tuple(keys),
+        seed=keys[-1] if keys else tokens,
+    )
+
+
+def _embedding_inputs(value: Any) -> list[tuple[str, int]]:
+    """Each input as (text to embed, tokens it counts); token ids embed as their spelling."""
+    if isinstance(value, str):
+        return [(value, text_tokens(value))]
+    if isinstance(value, list) and value:
+        if all(isinstance(v, str) for v in value):
+            return [(v, text_tokens(v)) for v in value]
+        if all(_is_int(v) for v in value):
+            return [(" ".join(map(str, value)), len(value))]
+        if all(isinstance(v, list) and v and all(_is_int(t) for t in v) for v in value):
+            return [(" ".join(map(str, v)), len(v)) for v in value]
+    raise BadRequest(
+        "'input' must be a string, an array of strings, an array of token ids "
+        "or an array of token-id arrays",
+        "input",
+    )
+
+
+def parse_embedding(raw: bytes, settings: SimSettings) -> EmbeddingRequest:
+    """Validate an embeddings body; raises a ``RequestError`` naming the field."""
+    inbound = _served(raw, EMBEDDINGS, settings)
+    body = inbound.body
+    if "input" in body:
+        inputs = _embedding_inputs(body["input"])
+    else:  # a conversation, as vLLM embeds it: its canonical text is one input
+        inputs = [(inbound.text.text or "", prompt_tokens(inbound.text))]
+    fmt = body.get("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise BadRequest("'encoding_format' must be 'float' or 'base64'", "encoding_format")
+    return EmbeddingRequest(
+        inputs=tuple(text for text, _ in inputs),
+        prompt_tokens=sum(n for _, n in inputs),
+        base64=fmt == "base64",
+    )
+
+
+def parse_fault(raw: bytes) -> Fault | None:
+    """A ``POST /fault`` body -> the fault to arm (None for ``clear``); raises ``BadRequest``."""
+    body = json_object(raw)
+    mode = body.get("mode")
+    if mode == "clear":
+        return None
+    if mode not in FAULT_MODES:
+        modes = ", ".join([*FAULT_MODES, "clear"])
+        raise BadRequest(f"'mode' must be one of {modes}; got {mode!r}", "mode")
+    count = _opt_int(body, "count", 1, 1, sys.maxsize)
+    if mode != "status":
+        return Fault(mode, count)
+    status = body.get("status")
+    if not isinstance(status, int) or isinstance(status, bool) or not 400 <= status <= 599:
+        raise BadRequest("'status' must be an integer from 400 to 599", "status")
+    return Fault(mode, count, status)
