@@ -40,6 +40,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from router import hostport
 from router.enginesim.engine import Engine, SimSettings, Ticket
 from router.enginesim.metrics import registry_for
 from router.enginesim.requests import (
@@ -51,7 +52,6 @@ from router.enginesim.requests import (
 )
 from router.enginesim.responses import Reply, embeddings_body, models_body
 from router.gateway import sse
-from router.gateway.engines import url_for
 from router.gateway.errors import GatewayError, error_middleware, stream_error, vllm_dialect
 
 log = logging.getLogger(__name__)
@@ -288,6 +288,6 @@ async def serving(settings: SimSettings, host: str = LOOPBACK, port: int = 0) ->
         site = web.TCPSite(runner, host, port)
         await site.start()
         bound = runner.addresses[0][1] if port == 0 else port
-        yield url_for("http", host, bound)
+        yield f"http://{hostport.join(host, bound)}"
     finally:
         await runner.cleanup()

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from router import hostport
 from router.core.engine_model import EngineSpec
 from router.enginesim.app import LOOPBACK, serving
 from router.enginesim.engine import DEFAULT_MODEL, SimSettings
@@ -121,8 +122,7 @@ def run(args: argparse.Namespace) -> int:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(_serve_until_signalled(settings, args.host, args.port))
     except OSError as exc:
-        print(
-            f"kvrouter engine-sim: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
-        )
+        address = hostport.join(args.host, args.port)
+        print(f"kvrouter engine-sim: cannot listen on {address}: {exc}", file=sys.stderr)
         return 1
     return 0
