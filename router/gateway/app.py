@@ -43,6 +43,7 @@ from router.gateway.errors import (
     error_middleware,
 )
 from router.gateway.exchange import Exchange, Services, decide, keep_local, read_body
+from router.gateway.gossip_delegate import run_origin
 from router.gateway.inbound import PROMPT_FIELD, parse
 from router.gateway.metrics import FleetView, Metrics
 from router.gateway.reload import PolicyWatcher, Result
@@ -84,8 +85,6 @@ class Gateway:
         )
         origin = "local"
         if gossip is not None:
-            from router.gateway.gossip_delegate import run_origin
-
             # Unique per process run: a restarted replica numbers its deltas from 1 again.
             origin = run_origin(gossip.node_id)
         # Raises PolicyError: the gateway does not start on a policy it cannot read.
@@ -116,7 +115,7 @@ class Gateway:
         self.admin_token: str | None = environ.get(config.admin_token_env) or None
         self.replica: Replica | None = None
         if gossip is not None:
-            from router.gateway.replicas import Replica
+            from router.gateway.replicas import Replica  # grpc is loaded only when gossip is on
 
             self.replica = Replica(gossip, self.core, now=clock)
             self.gossip_peers = self.replica.peers

@@ -9,7 +9,7 @@ from collections.abc import Callable
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
     """uvloop's loop factory when importable (faster I/O), else the standard one."""
     try:
-        import uvloop
+        import uvloop  # optional: absent on platforms it does not support
     except ImportError:
         return asyncio.new_event_loop
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop

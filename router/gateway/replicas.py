@@ -46,9 +46,9 @@ from router.gossip import (
     Transport,
     TransportError,
     samples,
-    transport_for,
 )
 from router.gossip.discovery import Resolver
+from router.gossip.grpc_transport import transport_for
 
 log = logging.getLogger(__name__)
 

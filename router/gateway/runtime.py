@@ -107,7 +107,7 @@ def run_gateway(cfg: Config, gossip: GossipConfig | None, *, reuse_port: bool = 
         return 2
     except OSError as e:
         if gossip is not None:
-            from router.gateway.replicas import GossipStartError
+            from router.gateway.replicas import GossipStartError  # loaded: gossip is on
 
             if isinstance(e, GossipStartError):
                 print(f"kvrouter serve: {e}", file=sys.stderr)

@@ -42,14 +42,13 @@ import time
 from collections.abc import Mapping
 from multiprocessing.process import BaseProcess
 from types import FrameType
-from typing import TYPE_CHECKING
 
 from router import hostport
 from router.core.fields import ConfigError
 from router.gateway.config import Config, GossipTls
-
-if TYPE_CHECKING:
-    from router.gossip import GossipConfig
+from router.gateway.replicas import POD_NAME_ENV, WILDCARDS, gossip_config
+from router.gateway.runtime import run_gateway, setup_logging
+from router.gossip.config import GossipConfig, split_hostport
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +74,12 @@ def _free_ports(n: int) -> list[int]:
 
 def _node_id(cfg: Config, environ: Mapping[str, str], index: int) -> str:
     """A configured node id (or pod name) made unique per worker; empty: the default."""
-    from router.gateway.replicas import POD_NAME_ENV
-
     base = cfg.gossip.node_id or environ.get(POD_NAME_ENV, "")
     return f"{base}-w{index}" if base else ""
 
 
 def worker_gossip(cfg: Config, n: int, environ: Mapping[str, str]) -> list[GossipConfig]:
     """Each worker's gossip settings; raises ``ConfigError``."""
-    from router.gateway.replicas import WILDCARDS, gossip_config
-    from router.gossip.config import split_hostport
-
     g = cfg.gossip
     out: list[GossipConfig] = []
     if not g.enabled:
@@ -150,8 +144,6 @@ def _worker(index: int, cfg: Config, gossip: GossipConfig, level: str) -> None:
     """A worker process: one gateway on the shared port, a replica of the workers' fleet."""
     # Until the gateway's loop takes it over, a forwarded SIGHUP must not kill the worker.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    from router.gateway.runtime import run_gateway, setup_logging
-
     setup_logging(level, f"[worker {index}]")
     _stop_with_parent()
     sys.exit(run_gateway(cfg, gossip, reuse_port=True))

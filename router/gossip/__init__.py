@@ -15,7 +15,8 @@ Cut like hashicorp/memberlist, one concern per module:
 - ``delegate``: the application's hooks (the router's are ``router.gateway.gossip_delegate``).
 - ``stats``: counters and gauges, and their ``kvrouter_gossip_*`` series.
 
-The wire protocol is proto/gossip.proto.
+The wire protocol is proto/gossip.proto. Importing the package does not import grpc: only
+``grpc_transport`` does, so code that merely names gossip types stays light.
 """
 
 from router.core.fields import ConfigError
@@ -31,7 +32,6 @@ from router.gossip.config import (
     secret_from_env,
 )
 from router.gossip.delegate import Delegate
-from router.gossip.grpc_transport import GrpcTransport, transport_for
 from router.gossip.membership import Member, State
 from router.gossip.node import GossipNode
 from router.gossip.stats import GossipStats, Sample, samples
@@ -49,7 +49,6 @@ __all__ = [
     "GossipConfig",
     "GossipNode",
     "GossipStats",
-    "GrpcTransport",
     "InMemoryNetwork",
     "ManualClock",
     "Member",
@@ -62,5 +61,4 @@ __all__ = [
     "Tuning",
     "samples",
     "secret_from_env",
-    "transport_for",
 ]

@@ -1,4 +1,4 @@
-"""Who may speak: the shared-secret MAC on every envelope, the replay window, mTLS credentials.
+"""Who may speak: the shared-secret MAC on every envelope, and the replay window.
 
 A frame is accepted only when (1) its envelope's MAC verifies under the shared secret (checked
 before the frame is parsed, so an outsider cannot reach the parser), and (2) its timestamp is
@@ -12,10 +12,6 @@ import hashlib
 import hmac
 from collections import deque
 from dataclasses import dataclass
-
-import grpc
-
-from router.gossip.config import TlsFiles
 
 # Domain separation: a MAC made for this protocol version is useless anywhere else.
 MAC_CONTEXT = b"kvrouter.gossip.v1\0"
@@ -96,19 +92,3 @@ class ReplayGuard:
         order, seen = self._order, self._seen
         while order and order[0][0] < horizon:
             seen.pop(order.popleft()[1], None)
-
-
-def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
-    """Server side of mutual TLS: present our certificate, require a client certificate."""
-    cert, key, ca = tls.read()
-    return grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=ca, require_client_auth=True
-    )
-
-
-def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
-    """Client side of mutual TLS: verify the peer against the CA, present our certificate."""
-    cert, key, ca = tls.read()
-    return grpc.ssl_channel_credentials(
-        root_certificates=ca, private_key=key, certificate_chain=cert
-    )

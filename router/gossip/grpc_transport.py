@@ -15,7 +15,6 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from router.gossip.auth import channel_credentials, server_credentials
 from router.gossip.config import GossipConfig, TlsFiles
 from router.gossip.transport import Handler, Refused, Transport, TransportError
 from router.gossip.wire import EXCHANGE_PATH, SERVICE
@@ -139,4 +138,20 @@ def transport_for(config: GossipConfig) -> GrpcTransport:
         max_message_bytes=t.max_message_bytes,
         max_serving=t.max_serving,
         max_channels=t.max_members,
+    )
+
+
+def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    """Server side of mutual TLS: present our certificate, require a client certificate."""
+    cert, key, ca = tls.read()
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=True
+    )
+
+
+def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
+    """Client side of mutual TLS: verify the peer against the CA, present our certificate."""
+    cert, key, ca = tls.read()
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=key, certificate_chain=cert
     )
