@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
+# kvrouter from this checkout, run by the interpreter running the tests.
+CHECKOUT_KVROUTER = (sys.executable, "-m", "router.cli")
 
 
 def free_port() -> int:
@@ -95,14 +97,21 @@ def start_kvrouter(
     ready_path: str = "/health",
     env: dict[str, str] | None = None,
     timeout: float = 30.0,
+    command: Sequence[str] = CHECKOUT_KVROUTER,
+    cwd: Path = ROOT,
+    base_env: Mapping[str, str] | None = None,
 ) -> Proc:
-    """Start ``kvrouter ARGS --port PORT`` and wait until ``ready_path`` answers 200."""
+    """Start ``kvrouter ARGS --port PORT`` and wait until ``ready_path`` answers 200.
+
+    ``command`` runs kvrouter (default: the checkout's), in ``cwd``, with ``env`` over
+    ``base_env`` (default: this process's environment).
+    """
     port = port or free_port()
     log_path = tmp_path / f"kvrouter-{args[0]}-{port}.log"
-    full_env = {**os.environ, **(env or {})}
-    cmd = [sys.executable, "-m", "router.cli", *args, "--port", str(port)]
+    full_env = {**(os.environ if base_env is None else base_env), **(env or {})}
+    cmd = [*command, *args, "--port", str(port)]
     with open(log_path, "wb") as log:
-        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd)
     proc = Proc(popen, port, log_path)
     try:
         wait_http(f"{proc.url}{ready_path}", timeout, proc)
