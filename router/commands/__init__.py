@@ -1,0 +1,9 @@
+"""The ``kvrouter`` subcommands (dispatched by ``router.cli``), each ``add_arguments`` + ``run``:
+
+- ``serve``: the gateway (router.gateway) in front of OpenAI-compatible engines.
+- ``simulate``: replay a trace through the routing core offline (``traces`` reads the files).
+- ``policy``: ``policy check``, validate policy files before they go live.
+- ``demo``: simulated engines and the gateway as real processes, round-robin against kv-aware.
+
+``engine-sim`` lives with the simulated engine, in router.enginesim.
+"""

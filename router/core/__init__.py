@@ -5,13 +5,18 @@ Modules, from the request inwards:
 - ``blocks``: an OpenAI request body -> canonical routing text -> chained block keys.
 - ``lru``: a recency-ordered key set with bounded size; the eviction model shared by the
   router's index and the simulated engines' prefix caches.
-- ``index``: which engine holds which block keys, expressed as mergeable deltas.
+- ``index``: which engine holds which block keys, expressed as mergeable deltas; ``seq``: the
+  bounded window of sequence numbers seen per origin.
+- ``predictions``: which index entries are provisional (an attempt awaiting its first byte).
 - ``ring``: consistent hashing with bounded loads, for prefixes nobody holds yet.
 - ``load``: in-flight requests and prompt tokens per engine, local and reported by peers.
 - ``fields``: the strict field-by-field reader behind policy and config loading.
 - ``policy``: the YAML policy model with strict loading.
 - ``scoring``: filters, scorers and pickers, registered by kebab-case type name.
-- ``decision``: the one decision function the gateway and the simulator both call.
+- ``decision``: ``RoutingCore``, the one decision the gateway and the simulator both call
+  (``decide``, a query) and the named state changes around it (``acquire``, ``record``,
+  ``release``, ``forget``).
 - ``engine_model``: an engine's prefix cache and timing, for the simulator and engine-sim.
-- ``simulator``: discrete-event replay of a trace through ``decision``.
+- ``workload``: trace records and synthetic workloads for the simulator.
+- ``simulator``: discrete-event replay of a trace through ``decision``; ``stats``: percentiles.
 """

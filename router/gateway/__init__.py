@@ -1,0 +1,21 @@
+"""The gateway: the HTTP server in front of the engines, and everything a request touches.
+
+One request, one ``exchange``; the rest serve it:
+
+- ``app``: the aiohttp application, the ``Gateway`` state it serves, the read-only and admin
+  routes, and the background loops it owns (each started and stopped by a cleanup context).
+- ``exchange``: one request's life in one place: read, parse, decide, then per engine of the
+  plan acquire, attempt, record on the first byte, relay, release.
+- ``inbound``: the request body parsed once, and the few fields routing needs, checked.
+- ``upstream``: the one seam to the engines (aiohttp's client), exceptions mapped in one place.
+- ``relay``: which headers cross each way, and the ``usage`` read from answers.
+- ``sse``: Server-Sent Events framing, no I/O.
+- ``errors``: the error tree, and the one place that renders errors in OpenAI's shape.
+- ``engines``: the engine pool: static and DNS-discovered engines, health, model lists.
+- ``metrics``: the Prometheus registry the app owns.
+- ``config``: the config file's model, its strict loader and the command-line overrides.
+- ``reload``: hot reload of the policy file.
+- ``gossip_delegate`` and ``replicas``: this gateway as one replica of a gossiping fleet.
+- ``runtime``: serving one gateway in this process until a signal stops it;
+  ``workers``: N such processes on one port; ``eventloop``: uvloop where installed.
+"""
