@@ -7,6 +7,7 @@ and in an installed wheel, whatever the current folder.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
@@ -44,3 +45,31 @@ def resolve(spec: str) -> Path:
     if p.exists() or spec not in NAMES:
         return p
     return preset_path(spec)
+
+
+def preset_text(name: str, settings: Mapping[str, object]) -> str:
+    """Preset ``name``'s YAML with ``settings`` (dotted paths, one level deep) set, comments kept.
+
+    For tools that install a preset told something about the fleet (an operator's
+    ``index.engine_capacity_tokens``, a ``cold_prefix`` choice). Each setting must already be
+    written in the preset, so a renamed field fails loudly instead of being ignored.
+    """
+    lines = preset_path(name).read_text().splitlines(keepends=True)
+    for path, value in settings.items():
+        section, _, key = path.rpartition(".")
+        start, end = 0, len(lines)
+        if section:
+            heads = [i for i, line in enumerate(lines) if line.startswith(f"{section}:")]
+            if not heads:
+                raise KeyError(f"preset {name!r} has no section {section!r}")
+            start = heads[0] + 1
+            end = next(
+                (i for i in range(start, len(lines)) if lines[i][:1] not in (" ", "\n", "#")),
+                len(lines),
+            )
+        indent = "  " if section else ""
+        at = [i for i in range(start, end) if lines[i].startswith(f"{indent}{key}:")]
+        if len(at) != 1:
+            raise KeyError(f"preset {name!r} does not set {path!r}")
+        lines[at[0]] = f"{indent}{key}: {value}\n"
+    return "".join(lines)
