@@ -29,10 +29,10 @@ is plumbing) behind nothing (the client spreads requests over the engines itself
 ``--decode-tokens-per-s``, ``--max-batch``) and a prefix cache small enough to be contended
 (``--kv-capacity-tokens``), and the first ``--limit`` records of a Mooncake trace replayed open
 loop at their own arrival times divided by ``--speedup``, so every router gets the same
-offered load. One router per run, the engines reset (POST /reset) before each. Mooncake
-prompts are text of 8-character words (``router.core.workload``), which engine-sim counts as
-one token each while kvrouter estimates 4 characters per token, so kv-aware's
-``engine_capacity_tokens`` is the engines' capacity times 2: the same amount of text. Outputs
+offered load. One router per run, the engines reset (POST /reset) before each. engine-sim
+counts tokens as kvrouter does, and a Mooncake record's text has one such token per trace token
+(``router.core.workload``), so kv-aware's ``engine_capacity_tokens`` is the engines' capacity,
+as an operator would set it. Outputs
 are cut to ``--max-output-tokens`` (0: the trace's own) to keep the client's and routers'
 per-token work small on a small machine; prefill, which the cache saves, is unchanged.
 Reports the engines' prefix-cache hit ratio (GET /stats), TTFT at the client, throughput,
@@ -41,7 +41,7 @@ each engine's share of requests (max / mean), the router's CPU per request and f
     python -m bench.sglang_compare [--overhead] [--quality]
         [--engines 2] [--requests 300] [--load-requests 2000] [--concurrency 32 256]
         [--trace ../shared/data/conversation_trace.jsonl] [--limit 2000] [--speedup 6]
-        [--engines-quality 4] [--kv-capacity-tokens 500000] [--prefill-tokens-per-s 40000]
+        [--engines-quality 4] [--kv-capacity-tokens 1000000] [--prefill-tokens-per-s 80000]
         [--decode-tokens-per-s 100] [--max-batch 16] [--max-output-tokens 64]
 """
 
@@ -77,8 +77,7 @@ from bench.common import (
     pct,
     tree_cpu_seconds,
 )
-from router.core.blocks import CHARS_PER_TOKEN
-from router.core.workload import TraceRequest, from_mooncake, mooncake_body
+from router.core.workload import TraceRequest, from_mooncake
 from router.gateway.sse import Decoder
 from router.presets import preset_path
 from tests.support import LOOPBACK, Proc, free_port, running, start_kvrouter
@@ -342,12 +341,6 @@ def trace_reuse(trace: Sequence[TraceRequest]) -> float:
     return hit / total if total else 0.0
 
 
-def router_tokens_per_engine_token() -> float:
-    """kvrouter's tokens (characters / 4) per engine-sim token (a word) of Mooncake text."""
-    text = str(mooncake_body([1], 512, 1)["prompt"])
-    return len(text) / len(text.split()) / CHARS_PER_TOKEN
-
-
 def write_kv_aware_policy(dest: Path, engine_capacity_tokens: int) -> None:
     """The kv-aware preset, told the engines' cache size (as an operator would set it)."""
     text = preset_path("kv-aware").read_text()
@@ -498,7 +491,7 @@ def run_quality(args: argparse.Namespace, tmp: Path) -> str:
     trace = load_trace(args.trace, args.limit)
     if not trace:
         raise SystemExit(f"no records in {args.trace}")
-    policy_capacity = round(args.kv_capacity_tokens * router_tokens_per_engine_token())
+    policy_capacity = args.kv_capacity_tokens
     policy_file = tmp / "kv-aware.yaml"
     write_kv_aware_policy(policy_file, policy_capacity)
     engine_flags = [
@@ -598,8 +591,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     q.add_argument("--limit", type=int, default=2000, help="replay the first N records")
     q.add_argument("--speedup", type=float, default=6.0, help="divide arrival times by this")
     q.add_argument("--engines-quality", type=int, default=4)
-    q.add_argument("--kv-capacity-tokens", type=int, default=500_000)
-    q.add_argument("--prefill-tokens-per-s", type=float, default=40_000.0)
+    # The runs in RESULTS.md, made when engine-sim counted a Mooncake word of two tokens as one,
+    # used 500,000 and 40,000: the same amount of text and the same prefill time.
+    q.add_argument("--kv-capacity-tokens", type=int, default=1_000_000)
+    q.add_argument("--prefill-tokens-per-s", type=float, default=80_000.0)
     q.add_argument("--decode-tokens-per-s", type=float, default=100.0)
     q.add_argument("--max-batch", type=int, default=16)
     q.add_argument("--max-output-tokens", type=int, default=64, help="0: the trace's own")

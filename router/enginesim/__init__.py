@@ -3,14 +3,15 @@
 One process is one engine. It answers the OpenAI surface the gateway proxies, framed like
 vLLM's OpenAI server, and exports vLLM's metric names, so the gateway, the demo and the
 benchmarks can treat it as a real engine. Behind the HTTP surface is the engine model the
-offline simulator uses (``router.core.engine_model``): a result in simulation is one the live
-demo can reproduce.
+offline simulator uses (``router.core.engine_model``), counted in the router's own token unit:
+a result in simulation is one the live demo can reproduce.
 
 Modules, from the request inwards:
 
 - ``requests``: an inbound body -> what the engine needs (the gateway's parsing and errors,
   plus the fields only an engine reads), and ``/fault`` bodies.
-- ``tokens``: a prompt -> its token count and cache-block keys; the output vocabulary.
+- ``tokens``: a prompt -> its token count and cache-block keys, in the router's unit
+  (``CHARS_PER_TOKEN`` characters per token); the output vocabulary.
 - ``engine``: the state of one engine: prefix cache, clock, counters, in-flight requests and
   the pending fault.
 - ``responses``: generation streams and bodies, embeddings and the model list, as vLLM shapes

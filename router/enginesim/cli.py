@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from router import hostport
+from router.core.blocks import CHARS_PER_TOKEN
 from router.core.engine_model import EngineSpec
 from router.enginesim.app import LOOPBACK, serving
 from router.enginesim.engine import DEFAULT_MODEL, SimSettings
@@ -68,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive(int),
         default=d.capacity_tokens,
         metavar="N",
-        help="prefix-cache capacity in tokens (default: %(default)s)",
+        help=f"prefix-cache capacity in tokens, each {CHARS_PER_TOKEN} characters of prompt as "
+        "the router counts them (default: %(default)s)",
     )
     add(
         "--block-tokens",

@@ -1,8 +1,8 @@
 """Helpers for engine-sim's tests: prompts of a known size, bodies, and an engine on loopback.
 
-Prompts are sized in engine-sim's tokens (words): ``prompt(n)`` is exactly ``n`` tokens, and
-``prompt(n, start)`` differs from ``prompt(n)`` in its first token, so tests can build shared
-and unshared prefixes by count.
+Prompts are sized in tokens of the router's unit: ``prompt(n)`` is exactly ``n`` tokens of
+``CHARS_PER_TOKEN`` characters, and ``prompt(n, start)`` differs from ``prompt(n)`` in its
+first token, so tests can build shared and unshared prefixes by count.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from router.core.blocks import CHARS_PER_TOKEN
 from router.enginesim.app import serving
 from router.enginesim.engine import DEFAULT_MODEL, SimSettings
 from router.gateway.sse import Decoder, Event
@@ -22,11 +23,13 @@ from router.gateway.sse import Decoder, Event
 MODEL = DEFAULT_MODEL
 FAST = SimSettings(fast=True)
 ERROR_KEYS = {"message", "type", "param", "code"}
+_DIGITS = CHARS_PER_TOKEN - 1
 
 
 def prompt(n: int, start: int = 0) -> str:
     """A text prompt of exactly ``n`` tokens, token ``i`` spelled ``t`` and ``start + i``."""
-    return " ".join(f"t{i}" for i in range(start, start + n))
+    assert start + n <= 10**_DIGITS, "token numbers must fit the token's width"
+    return "".join(f"t{i:0{_DIGITS}d}" for i in range(start, start + n))
 
 
 def chat(text: str = "hello", **extra: Any) -> dict[str, Any]:

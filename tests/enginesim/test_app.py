@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from router.core.blocks import CHARS_PER_TOKEN
 from router.core.engine_model import EngineSpec
 from router.enginesim.app import DROP_AFTER_TOKENS, REGISTRY, build_app
 from router.enginesim.engine import SimSettings
@@ -63,7 +64,7 @@ async def test_completions_nonstream_vllm_shape() -> None:
     assert status == 200
     assert body["object"] == "text_completion"
     (choice,) = body["choices"]
-    assert len(choice["text"].split()) == DEFAULT_MAX_TOKENS
+    assert len(choice["text"]) == DEFAULT_MAX_TOKENS * CHARS_PER_TOKEN
     assert choice["finish_reason"] == "stop"  # no limit was asked for
     assert body["usage"]["prompt_tokens"] == 3
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

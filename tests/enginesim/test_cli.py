@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from router.cli import build_parser
+from router.core.blocks import CHARS_PER_TOKEN, routing_text
 from router.core.engine_model import EngineSpec
 from router.enginesim import cli
 from router.enginesim.engine import DEFAULT_MODEL, SimSettings
@@ -97,13 +98,18 @@ def client(sim: Proc) -> Iterator[openai.OpenAI]:
 
 @pytest.mark.integration
 def test_openai_client_chat_nonstream_accepted(client: openai.OpenAI) -> None:
-    messages: Any = [{"role": "user", "content": prompt(12, start=900)}]
+    content = prompt(16, start=900)
+    messages: Any = [{"role": "user", "content": content}]
     first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
     again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
     assert first.choices[0].message.content
     assert first.usage is not None and again.usage is not None
+    # The prompt is the router's canonical text: the repeat hits its every full block.
+    text = routing_text(chat(content)).text or ""
+    full_blocks = len(text) // (BLOCK_TOKENS * CHARS_PER_TOKEN)
+    assert first.usage.prompt_tokens == len(text) // CHARS_PER_TOKEN
     assert again.usage.prompt_tokens_details is not None
-    assert again.usage.prompt_tokens_details.cached_tokens == 12
+    assert again.usage.prompt_tokens_details.cached_tokens == full_blocks * BLOCK_TOKENS > 0
 
 
 @pytest.mark.integration

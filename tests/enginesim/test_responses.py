@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from router.core.blocks import CHARS_PER_TOKEN
 from router.enginesim.requests import Endpoint, parse_embedding, parse_generation
 from router.enginesim.responses import EMBEDDING_DIM, Reply, embeddings_body, models_body
 from router.gateway.sse import Decoder
@@ -68,7 +69,7 @@ def test_full_body_shape_and_usage(endpoint: Endpoint, body: dict[str, Any], obj
     (choice,) = full["choices"]
     text = choice["message"]["content"] if endpoint is Endpoint.CHAT else choice["text"]
     assert text == r.text(0)
-    assert len(text.split()) == 5
+    assert len(text) == 5 * CHARS_PER_TOKEN
     assert full["usage"] == {
         "prompt_tokens": r.gen.prompt_tokens,
         "total_tokens": r.gen.prompt_tokens + 5,
