@@ -14,12 +14,11 @@ import argparse
 import random
 import time
 
+from router.core.blocks import CHARS_PER_TOKEN
 from router.core.decision import RoutingCore
 from router.core.policy import load_policy
 from router.core.stats import percentile
 from router.presets import preset_path
-
-CHARS_PER_TOKEN = 4
 
 
 def words(rng: random.Random, chars: int) -> str:
