@@ -40,7 +40,15 @@ from router.gossip.snapshot import SnapshotSessions
 from router.gossip.stats import Counters, GossipStats, copy_counters
 from router.gossip.store import DeltaStore, LoadStore
 from router.gossip.transport import Refused, Transport, TransportError
-from router.gossip.wire import PROTOCOL_VERSION, digest_map, group_ids, pb, to_digest
+from router.gossip.wire import (
+    PROTOCOL_VERSION,
+    digest_map,
+    group_ids,
+    member_from_pb,
+    member_to_pb,
+    pb,
+    to_digest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +58,6 @@ PIGGYBACK_BYTES = 2048
 JOIN_BATCH = 8
 # A snapshot may not claim more chunks than this (64 GiB at the default chunk size).
 MAX_SNAPSHOT_CHUNKS = 65_536
-
-_PB_STATES: dict[State, pb.MemberState] = {
-    State.ALIVE: pb.MEMBER_STATE_ALIVE,
-    State.SUSPECT: pb.MEMBER_STATE_SUSPECT,
-    State.DEAD: pb.MEMBER_STATE_DEAD,
-}
-_STATES: dict[int, State] = {int(v): k for k, v in _PB_STATES.items()}
 
 BodyHandler = Callable[[Any], Awaitable[tuple[str, Any]]]
 
@@ -129,7 +130,7 @@ class GossipNode:
             raise ConfigError(f"gossip bound {bound!r} on a wildcard: set advertise")
         now = self._clock.now()
         self._table = MemberTable(self.node_id, self.address, now, self.tuning.max_members)
-        self._member_q.push(self.node_id, self._to_pb(self._table.local), 64)
+        self._member_q.push(self.node_id, member_to_pb(self._table.local), 64)
         self._load_version = int(self._clock.wall() * 1000)
         self._running = True
         t = self.tuning
@@ -364,7 +365,7 @@ class GossipNode:
 
     async def _push_pull(self, address: str) -> bool:
         table = self._members()
-        req = pb.PushPull(members=[self._to_pb(m) for m in table.all()], digest=self._digest())
+        req = pb.PushPull(members=[member_to_pb(m) for m in table.all()], digest=self._digest())
         reply = await self._call(address, push_pull=req)
         if not isinstance(reply, pb.PushPullReply):
             return False
@@ -415,7 +416,7 @@ class GossipNode:
 
     async def _leave(self) -> None:
         table = self._members()
-        me = self._to_pb(table.leave(self._clock.now()))
+        me = member_to_pb(table.leave(self._clock.now()))
         peers = table.peers(State.ALIVE, State.SUSPECT)
         chosen = self._rng.sample(peers, min(self.tuning.fanout, len(peers)))
         rumours = pb.Rumours(members=[me])
@@ -506,7 +507,7 @@ class GossipNode:
         budget = self.tuning.max_message_bytes - 64 * 1024
         repair = self._deltas.repair(digest_map(req.digest.deltas), budget)
         reply = pb.PushPullReply(
-            members=[self._to_pb(m) for m in self._members().all()],
+            members=[member_to_pb(m) for m in self._members().all()],
             digest=self._digest(),
             deltas=repair.deltas,
             loads=self._loads.newer_than(digest_map(req.digest.loads)),
@@ -538,16 +539,16 @@ class GossipNode:
     def _merge_members(self, members: Iterable[pb.Member]) -> None:
         table, now = self._members(), self._clock.now()
         for m in members:
-            state = _STATES.get(m.state)
-            if not m.id or state is None:
+            member = member_from_pb(m)
+            if member is None:
                 continue
-            change = table.merge(Member(m.id, m.address, m.incarnation, state), now)
+            change = table.merge(member, now)
             if change is not None:
                 self._spread(change)
 
     def _spread(self, change: Change) -> None:
         m = change.member
-        self._member_q.push(m.id, self._to_pb(m), len(m.id) + len(m.address) + 16)
+        self._member_q.push(m.id, member_to_pb(m), len(m.id) + len(m.address) + 16)
         if change.died and m.id != self.node_id:
             self._load_q.discard(m.id)
             if self._loads.forget(m.id):
@@ -628,12 +629,6 @@ class GossipNode:
     def _digest(self) -> pb.Digest:
         return pb.Digest(
             deltas=to_digest(self._deltas.floors()), loads=to_digest(self._loads.versions())
-        )
-
-    @staticmethod
-    def _to_pb(m: Member) -> pb.Member:
-        return pb.Member(
-            id=m.id, address=m.address, incarnation=m.incarnation, state=_PB_STATES[m.state]
         )
 
     def _seal(self, frame: pb.Frame) -> bytes:
