@@ -6,6 +6,7 @@ Cut like hashicorp/memberlist, one concern per module:
 - ``clock``: injectable time (``SystemClock``; ``ManualClock`` for tests and benches).
 - ``transport``: the ``Transport`` seam and the in-memory network; ``grpc_transport``: gRPC.
 - ``auth``: the shared-secret MAC, the replay window, mutual-TLS credentials.
+- ``envelope``: frames sealed into envelopes and opened, refusals counted by reason (no I/O).
 - ``membership``: the SWIM member table (no I/O).
 - ``broadcast``: the retransmit-limited rumour queue.
 - ``store``: delta ids, retained delta bodies and load reports held by a node.

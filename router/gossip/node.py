@@ -22,11 +22,8 @@ import asyncio
 import logging
 import math
 import random
-import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
-
-from google.protobuf.message import DecodeError
 
 from router.core.fields import ConfigError
 from router.gossip.auth import AuthError, ReplayGuard, Sealer
@@ -35,13 +32,13 @@ from router.gossip.clock import Clock, SystemClock
 from router.gossip.config import GossipConfig, split_hostport
 from router.gossip.delegate import Delegate
 from router.gossip.discovery import Discovery, Resolver, system_resolver
+from router.gossip.envelope import EnvelopeCodec
 from router.gossip.membership import Change, Member, MemberTable, State
 from router.gossip.snapshot import SnapshotSessions
 from router.gossip.stats import Counters, GossipStats, copy_counters
 from router.gossip.store import DeltaStore, LoadStore
 from router.gossip.transport import Refused, Transport, TransportError
 from router.gossip.wire import (
-    PROTOCOL_VERSION,
     digest_map,
     group_ids,
     member_from_pb,
@@ -84,10 +81,15 @@ class GossipNode:
         self._transport = transport
         self._clock: Clock = clock or SystemClock()
         self._rng = random.Random(seed)
-        self._sealer = Sealer(config.secret)
-        self._replay = ReplayGuard.create(t.replay_window, t.replay_entries)
         self._discovery = Discovery(config.seeds, config.dns_target, resolver or system_resolver)
         self._counters = Counters()
+        self._envelopes = EnvelopeCodec(
+            self.node_id,
+            Sealer(config.secret),
+            ReplayGuard.create(t.replay_window, t.replay_entries),
+            t.max_message_bytes,
+            self._counters,
+        )
         self._table: MemberTable | None = None
         self._deltas = DeltaStore(t.retained_bytes, t.retained_per_origin, t.max_origins)
         self._loads = LoadStore(t.max_members)
@@ -301,38 +303,15 @@ class GossipNode:
     # Timeouts go to the transport (a gRPC deadline, or the virtual clock), not asyncio.timeout.
     async def _call(self, address: str, timeout: float | None = None, **body: Any) -> Any:  # noqa: ASYNC109
         """One authenticated exchange; the reply's body message, or None on any failure."""
-        nonce = secrets.randbits(64) or 1
-        frame = pb.Frame(
-            version=PROTOCOL_VERSION,
-            sender=self.node_id,
-            sent_unix_ms=int(self._clock.wall() * 1000),
-            nonce=nonce,
-            **body,
-        )
-        payload = self._seal(frame)
-        c = self._counters
-        c.messages_out += 1
-        c.bytes_out += len(payload)
+        frame = self._envelopes.frame(self._clock.wall(), **body)
+        payload = self._envelopes.seal(frame)
         try:
             raw = await self._transport.call(address, payload, timeout or self.tuning.call_timeout)
         except TransportError as e:
-            c.call_failures += 1
+            self._counters.call_failures += 1
             log.debug("gossip call from %s to %s failed: %s", self.node_id, address, e)
             return None
-        c.messages_in += 1
-        c.bytes_in += len(raw)
-        try:
-            reply = self._open(raw)
-        except AuthError as e:
-            self._count_refusal(e)
-            return None
-        if reply.reply_to != nonce:
-            c.refused_replay += 1
-            return None
-        kind = reply.WhichOneof("body")
-        if kind == "nack" or kind is None:
-            return None
-        return getattr(reply, kind)
+        return self._envelopes.reply_body(raw, frame.nonce)
 
     async def _ping(self, address: str, target_id: str, timeout: float) -> bool:  # noqa: ASYNC109
         ping = pb.Ping(target_id=target_id, members=self._piggyback())
@@ -425,18 +404,9 @@ class GossipNode:
     # -- serving -------------------------------------------------------------------------------
 
     async def _handle(self, payload: bytes) -> bytes:
-        c = self._counters
-        c.messages_in += 1
-        c.bytes_in += len(payload)
         try:
-            if len(payload) > self.tuning.max_message_bytes:
-                raise AuthError("malformed", f"{len(payload)} bytes exceed the message limit")
-            frame = self._open(payload)
-            self._replay.check(
-                frame.sender, frame.nonce, frame.sent_unix_ms / 1000, self._clock.wall()
-            )
+            frame = self._envelopes.accept(payload, self._clock.wall())
         except AuthError as e:
-            self._count_refusal(e)
             raise Refused(str(e)) from e
         kind = frame.WhichOneof("body")
         handler = self._handlers.get(kind or "")
@@ -452,18 +422,10 @@ class GossipNode:
                     "gossip %s failed to serve %s from %s", self.node_id, kind, frame.sender
                 )
                 reply_kind, body = "nack", pb.Nack(reason="internal error")
-        reply = pb.Frame(
-            version=PROTOCOL_VERSION,
-            sender=self.node_id,
-            sent_unix_ms=int(self._clock.wall() * 1000),
-            nonce=secrets.randbits(64) or 1,
-            reply_to=frame.nonce,
-            **{reply_kind: body},
+        reply = self._envelopes.frame(
+            self._clock.wall(), reply_to=frame.nonce, **{reply_kind: body}
         )
-        out = self._seal(reply)
-        c.messages_out += 1
-        c.bytes_out += len(out)
-        return out
+        return self._envelopes.seal(reply)
 
     async def _on_ping(self, ping: pb.Ping) -> tuple[str, Any]:
         if ping.target_id and ping.target_id != self.node_id:
@@ -630,30 +592,3 @@ class GossipNode:
         return pb.Digest(
             deltas=to_digest(self._deltas.floors()), loads=to_digest(self._loads.versions())
         )
-
-    def _seal(self, frame: pb.Frame) -> bytes:
-        data = frame.SerializeToString()
-        envelope: bytes = pb.Envelope(frame=data, mac=self._sealer.mac(data)).SerializeToString()
-        return envelope
-
-    def _open(self, payload: bytes) -> pb.Frame:
-        try:
-            envelope = pb.Envelope.FromString(payload)
-            self._sealer.verify(envelope.frame, envelope.mac)
-            frame: pb.Frame = pb.Frame.FromString(envelope.frame)
-        except DecodeError as e:
-            raise AuthError("malformed", f"undecodable message: {e}") from e
-        if frame.version != PROTOCOL_VERSION:
-            raise AuthError("malformed", f"protocol version {frame.version} not spoken")
-        return frame
-
-    def _count_refusal(self, e: AuthError) -> None:
-        c = self._counters
-        if e.reason == "mac":
-            c.refused_mac += 1
-        elif e.reason == "replay":
-            c.refused_replay += 1
-        elif e.reason == "stale":
-            c.refused_stale += 1
-        else:
-            c.refused_malformed += 1

@@ -187,7 +187,7 @@ async def test_fleet_stale_frame_refused_as_stale(fleet: Fleet) -> None:
     sender = rs[0].node
     frame = pb.Frame(version=PROTOCOL_VERSION, sender="r0", nonce=7, ping=pb.Ping())
     frame.sent_unix_ms = int((fleet.clock.wall() - 3600) * 1000)
-    payload = sender._seal(frame)
+    payload = sender._envelopes.seal(frame)
     with pytest.raises(TransportError, match="stale"):
         await fleet.network.deliver(rs[0].address, rs[1].address, payload, timeout=1.0)
     assert rs[1].node.stats().counters.refused_stale == 1
