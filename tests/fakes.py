@@ -117,6 +117,7 @@ class FakeEngine:
     models: list[str] = field(default_factory=lambda: ["m"])
     health_status: int = 200
     down: bool = False  # every call fails to connect
+    failing: int = 0  # when set, every request is answered with this status (an engine bug)
     cached: int = 0
     scripts: deque[Script] = field(default_factory=deque)
     requests: list[UpstreamRequest] = field(default_factory=list)
@@ -124,6 +125,8 @@ class FakeEngine:
     def answer(self, request: UpstreamRequest) -> Script:
         if self.scripts:
             return self.scripts.popleft()
+        if self.failing:
+            return error_answer(self.failing, "the engine is broken")
         return openai_answer(orjson.loads(request.body), self.cached)
 
 

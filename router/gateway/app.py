@@ -35,6 +35,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from router.core.decision import RoutingCore
 from router.core.load import Load
 from router.core.policy import Policy
+from router.core.retry_budget import BudgetRules, RetryBudget
 from router.gateway.config import Config
 from router.gateway.engines import EnginePool, Resolver, resolve_dns
 from router.gateway.errors import (
@@ -127,6 +128,7 @@ class Gateway:
             self.metrics,
             config.timeouts,
             config.limits,
+            RetryBudget(BudgetRules(ratio=config.limits.retry_budget_percent / 100)),
             clock=clock,
             publish=self.replica.queue if self.replica is not None else keep_local,
         )

@@ -11,9 +11,11 @@ The file's shape is shared with the Helm chart, so its names are a contract::
             interval_seconds: 10}
       models_refresh_seconds: 30
     health: {path: /health, interval_seconds: 5, timeout_seconds: 2, eject_after_failures: 3,
-             readmit_backoff_seconds: 5, readmit_backoff_max_seconds: 60}
+             readmit_backoff_seconds: 5, readmit_backoff_max_seconds: 60,
+             max_ejected_percent: 50}
     timeouts: {connect_seconds: 5, first_byte_seconds: 300, idle_stream_seconds: 120}
-    limits: {max_body_bytes: 16777216, max_attempts: 3}
+    limits: {max_body_bytes: 16777216, max_attempts: 3, retry_budget_percent: 20,
+             retry_backoff_seconds: 0.025}
     admin_token_env: KVROUTER_ADMIN_TOKEN
     gossip: {enabled: false, port: 7946, dns: "", peers: [], secret_env: KVROUTER_GOSSIP_SECRET,
              tls: {cert_file: "", key_file: "", ca_file: ""}, advertise: "", node_id: "",
@@ -95,6 +97,9 @@ class Health:
     eject_after_failures: int = 3
     readmit_backoff_seconds: float = 5.0
     readmit_backoff_max_seconds: float = 60.0
+    # Request-shaped failures (a 5xx or a timeout, which one bad request can cause everywhere)
+    # never eject so many engines that more than this share of the fleet is out.
+    max_ejected_percent: int = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +114,11 @@ class Timeouts:
 class Limits:
     max_body_bytes: int = 16 * 1024 * 1024
     max_attempts: int = 3
+    # Retries in the last 10 s may be this share of the requests (at least 3): a bad minute
+    # cannot multiply the fleet's load.
+    retry_budget_percent: float = 20.0
+    # Pause before a retry: up to this, doubling per attempt, with full jitter.
+    retry_backoff_seconds: float = 0.025
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +277,7 @@ def _health(f: _Fields | None) -> Health:
         eject_after_failures=f.integer("eject_after_failures", 3, 1, 1000),
         readmit_backoff_seconds=_seconds(f, "readmit_backoff_seconds", 5.0),
         readmit_backoff_max_seconds=_seconds(f, "readmit_backoff_max_seconds", 60.0),
+        max_ejected_percent=f.integer("max_ejected_percent", 50, 0, 100),
     )
     if out.readmit_backoff_max_seconds < out.readmit_backoff_seconds:
         f.fail(f.at("readmit_backoff_max_seconds"), "must not be below readmit_backoff_seconds")
@@ -292,6 +303,8 @@ def _limits(f: _Fields | None) -> Limits:
     out = Limits(
         max_body_bytes=f.integer("max_body_bytes", 16 * 1024 * 1024, 1024, 1 << 31),
         max_attempts=f.integer("max_attempts", 3, 1, 16),
+        retry_budget_percent=f.number("retry_budget_percent", 20.0, 0.0, 100.0),
+        retry_backoff_seconds=f.number("retry_backoff_seconds", 0.025, 0.0, 10.0),
     )
     f.done()
     return out

@@ -76,12 +76,12 @@ class HealthRules:
         h.state, h.failures, h.healthy_since = State.HEALTHY, 0, now
         return True
 
-    def failure(self, h: Health, now: float, probe: bool) -> bool:
-        """Record a failure; True when it ejected the engine."""
+    def failure(self, h: Health, now: float, probe: bool, may_eject: bool = True) -> bool:
+        """Record a failure; True when it ejected the engine (only when ``may_eject``)."""
         h.failures += 1
         base, top = self.cfg.readmit_backoff_seconds, self.cfg.readmit_backoff_max_seconds
         wait = h.backoff or base
-        if h.state is State.HEALTHY and h.failures >= self.cfg.eject_after_failures:
+        if h.state is State.HEALTHY and h.failures >= self.cfg.eject_after_failures and may_eject:
             h.state, h.readmit_at, h.backoff = State.EJECTED, now + wait, min(2 * wait, top)
             return True
         if h.state is State.EJECTED and probe and now >= h.readmit_at:
@@ -234,12 +234,20 @@ class EnginePool:
             log.info("engine %s is healthy", url)
             self._changed()
 
-    def report_failure(self, url: str, reason: str, probe: bool = False) -> None:
-        """A request (or probe) to ``url`` failed: counts towards ejection."""
+    def report_failure(
+        self, url: str, reason: str, probe: bool = False, request_shaped: bool = False
+    ) -> None:
+        """A request (or probe) to ``url`` failed: counts towards ejection.
+
+        ``request_shaped`` evidence (a 5xx or a timeout, which a bad request can cause on every
+        engine) never ejects so many engines that more than ``max_ejected_percent`` of the
+        fleet, or the last healthy one, is out.
+        """
         b = self._engines.get(url)
         if b is None:
             return
-        if self.rules.failure(b.health, self._clock(), probe):
+        may_eject = not request_shaped or self._may_eject_one()
+        if self.rules.failure(b.health, self._clock(), probe, may_eject):
             log.warning(
                 "engine %s ejected after %d failures in a row (last: %s); retry in %.3gs",
                 url,
@@ -248,6 +256,12 @@ class EnginePool:
                 b.health.readmit_at - self._clock(),
             )
             self._changed()
+
+    def _may_eject_one(self) -> bool:
+        known = len(self._engines)
+        healthy = sum(1 for b in self._engines.values() if b.healthy)
+        out_after = known - (healthy - 1)
+        return healthy > 1 and out_after * 100 <= self.health_cfg.max_ejected_percent * known
 
     def set_models(self, url: str, models: dict[str, dict[str, Any]]) -> None:
         b = self._engines.get(url)

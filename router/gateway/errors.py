@@ -113,6 +113,9 @@ class UpstreamError(GatewayError):
     code = "upstream_error"
     # Label of kvrouter_backend_requests_total{code} for a failure that has no HTTP status.
     label = "error"
+    # Could the request itself have caused it (a 5xx, a timeout, a dropped answer)? Then one
+    # failure says nothing of the engine's health until another engine answers the request.
+    request_shaped = True
 
     def __init__(self, message: str, engine: str = "") -> None:
         super().__init__(message)
@@ -121,6 +124,7 @@ class UpstreamError(GatewayError):
 
 class UpstreamConnectError(UpstreamError):
     code = "upstream_unreachable"
+    request_shaped = False  # no request reached the engine
 
 
 class UpstreamDropped(UpstreamError):

@@ -27,14 +27,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from router.core.decision import Decision, Lease, RoutingCore
 from router.core.index import Delta
+from router.core.retry_budget import RetryBudget
 from router.gateway.config import Limits, Timeouts
 from router.gateway.engines import EnginePool
 from router.gateway.errors import (
@@ -84,6 +86,7 @@ class Services:
     metrics: Metrics
     timeouts: Timeouts
     limits: Limits
+    retry_budget: RetryBudget = field(default_factory=RetryBudget)
     clock: Callable[[], float] = time.monotonic
     # Where recorded deltas go (the gossip queue when replicas are configured).
     publish: Callable[[Delta], None] = keep_local
@@ -127,6 +130,7 @@ class Exchange:
         # The client has the whole answer (an event stream's [DONE] went out): a disconnect
         # after this point is the client being done, not the client giving up.
         self.delivered = False
+        self.retries = 0  # granted by the retry budget, given back when the exchange ends
 
     async def run(self) -> web.StreamResponse:
         """Serve the request; every failure becomes an OpenAI-shaped error response."""
@@ -161,21 +165,72 @@ class Exchange:
         s.metrics.overlap.observe(d.overlap_ratio)
         headers = engine_headers(self.request.headers, self.request.remote)
         plan = d.plan()[: max(1, s.limits.max_attempts)]
+        # Request-shaped failures (see UpstreamError.request_shaped) wait here for a verdict:
+        # the engine's fault if another engine answers, the request's if another fails too.
+        suspects: list[tuple[str, UpstreamError]] = []
+        s.retry_budget.enter()
+        try:
+            return await self._attempts(d, plan, raw, headers, suspects)
+        finally:
+            s.retry_budget.leave(self.retries)
+
+    async def _attempts(
+        self,
+        d: Decision,
+        plan: Sequence[str],
+        raw: bytes,
+        headers: Sequence[tuple[str, str]],
+        suspects: list[tuple[str, UpstreamError]],
+    ) -> web.StreamResponse:
+        s = self.s
         for attempt, engine in enumerate(plan, 1):
+            if attempt > 1:
+                await self._before_retry(attempt, engine)
             lease = s.core.acquire(d, engine, s.clock())
             try:
-                return await self._attempt(lease, raw, headers)
+                resp = await self._attempt(lease, raw, headers)
             except UpstreamError as e:
                 s.metrics.engine_request(engine, e.label)
-                s.pool.report_failure(engine, e.message)
+                if not e.request_shaped:
+                    s.pool.report_failure(engine, e.message)
+                elif suspects:
+                    log.warning(
+                        "%s: failed on %s (%s) and on %s (%s): the request's fault, not retried",
+                        self.route, suspects[0][0], suspects[0][1], engine, e,
+                    )  # fmt: skip
+                    raise
+                else:
+                    suspects.append((engine, e))
                 if attempt == len(plan):
                     log.warning("%s: attempt %d at %s failed: %s", self.route, attempt, engine, e)
+                    # Nobody else was asked: count it, and let the ejection floor protect the
+                    # fleet from a request that would fail anywhere.
+                    self._blame(suspects)
                     raise
-                log.info("%s: %s failed (%s); retrying on %s", self.route, engine, e, plan[attempt])
-                s.metrics.retries.inc()
+                continue
             finally:
                 s.core.release(lease)
+            self._blame(suspects)
+            return resp
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _blame(self, suspects: list[tuple[str, UpstreamError]]) -> None:
+        """Count request-shaped failures against their engines (another engine answered)."""
+        for engine, e in suspects:
+            self.s.pool.report_failure(engine, e.message, request_shaped=True)
+
+    async def _before_retry(self, attempt: int, engine: str) -> None:
+        """Spend from the retry budget (or give up), then wait a jittered backoff."""
+        s = self.s
+        if not s.retry_budget.try_retry():
+            s.metrics.retries_refused.inc()
+            raise NoEngine("the gateway's retry budget is spent; try again shortly")
+        self.retries += 1
+        s.metrics.retries.inc()
+        log.info("%s: retrying on %s (attempt %d)", self.route, engine, attempt)
+        pause = s.limits.retry_backoff_seconds * 2 ** (attempt - 2)
+        if pause > 0:
+            await asyncio.sleep(random.uniform(0, pause))
 
     def _first_byte(self, lease: Lease) -> None:
         """The engine took the prompt: record its blocks there and tell the peers."""

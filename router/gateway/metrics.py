@@ -198,12 +198,17 @@ class Metrics:
             "Attempts retried on another engine after a failure before the first byte.",
             registry=r,
         )
+        self.retries_refused = Counter(
+            "kvrouter_retries_refused",
+            "Retries not made because the retry budget was spent.",
+            registry=r,
+        )
         r.register(_FleetCollector(view))
         self._codes: dict[str, set[str]] = {}
 
-    def engine_request(self, backend: str, code: str) -> None:
-        self._codes.setdefault(backend, set()).add(code)
-        self.engine_requests.labels(backend, code).inc()
+    def engine_request(self, engine: str, code: str) -> None:
+        self._codes.setdefault(engine, set()).add(code)
+        self.engine_requests.labels(engine, code).inc()
 
     def forget_engines(self, keep: Iterable[str]) -> None:
         """Drop the per-engine series of engines that are gone (DNS churn stays bounded)."""

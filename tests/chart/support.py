@@ -57,6 +57,7 @@ ROUTER_METRICS: Mapping[str, str] = {
     "kvrouter_index_blocks": "gauge",
     "kvrouter_policy_reloads_total": "counter",
     "kvrouter_retries_total": "counter",
+    "kvrouter_retries_refused_total": "counter",
     "kvrouter_gossip_peers": "gauge",
     "kvrouter_gossip_rounds_total": "counter",
     "kvrouter_gossip_bytes_total": "counter",

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from router.core.retry_budget import BudgetRules
 from router.gateway import exchange as exchange_module
 from router.gateway import sse
 from router.gateway.app import Gateway, build_app
@@ -300,6 +301,52 @@ async def test_proxy_consecutive_failures_eject_backend_passively(tmp_path: Path
         assert await r.metric("kvrouter_backend_healthy", backend=A) == 0
         assert await r.metric("kvrouter_backend_healthy", backend=B) == 1
         assert await r.metric("kvrouter_retries_total") == 3
+
+
+async def test_request_failing_on_two_engines_is_its_fault_nobody_ejected(tmp_path: Path) -> None:
+    # Requests that make every engine answer 5xx (a poisoned body) must not take the fleet
+    # down: two failures of one request are the request's fault, never retried further.
+    engines = (FakeEngine(A), FakeEngine(B), FakeEngine(C))
+    async with rig(tmp_path, *engines) as r:
+        for i in range(8):
+            r.up.sent.clear()
+            r.up.next(error_answer(500), error_answer(500))
+            status, body = await r.post(CHAT, chat(f"poison {i}"))
+            assert status >= 500 and set(body["error"]) == {"message", "type", "param", "code"}
+            assert len(r.up.sent) == 2  # stopped after the second engine failed too
+        assert all(e.healthy for e in r.gw.pool.engines.values())
+        assert (await r.post(CHAT, chat("an innocent request")))[0] == 200
+
+
+async def test_engine_failing_for_everyone_ejected_by_distinct_requests(tmp_path: Path) -> None:
+    engines = (FakeEngine(A, failing=500), FakeEngine(B), FakeEngine(C))
+    async with rig(tmp_path, *engines) as r:
+        for i in range(40):
+            assert (await r.post(CHAT, chat(f"{i * 7919:05d} a distinct prompt " * 3)))[0] == 200
+        # Each failure on A was blamed on A once B or C answered: three eject it.
+        assert r.up.sent.count(A) == 3
+        assert r.gw.pool.engines[A].health.state.value == "ejected"
+        assert r.gw.pool.engines[B].healthy and r.gw.pool.engines[C].healthy
+
+
+async def test_request_shaped_failures_never_eject_past_half_the_fleet(tmp_path: Path) -> None:
+    engines = (FakeEngine(A, failing=500), FakeEngine(B, failing=500))
+    async with rig(tmp_path, *engines, limits=Limits(max_attempts=1)) as r:
+        for i in range(10):
+            assert (await r.post(CHAT, chat(f"{i} prompt")))[0] >= 500
+        healthy = [e for e in r.gw.pool.engines.values() if e.healthy]
+        assert len(healthy) == 1  # one ejected (50%), the last one kept
+
+
+async def test_retry_budget_spent_answers_503_without_retrying(tmp_path: Path) -> None:
+    async with rig(tmp_path) as r:
+        r.gw.services.retry_budget.rules = BudgetRules(ratio=0.0, min_retries=0)
+        r.up.next(error_answer(503))
+        status, body = await r.post(CHAT, chat())
+        assert status == 503 and body["error"]["code"] == "no_backend_available"
+        assert len(r.up.sent) == 1
+        assert await r.metric("kvrouter_retries_refused_total") == 1
+        assert r.gw.services.retry_budget.retries == 0
 
 
 # -- streams that fail after they started --------------------------------------------------
