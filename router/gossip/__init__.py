@@ -4,15 +4,20 @@ Cut like hashicorp/memberlist, one concern per module:
 
 - ``config``: ``GossipConfig`` and the ``LAN`` / ``LOCAL`` tuning presets.
 - ``clock``: injectable time (``SystemClock``; ``ManualClock`` for tests and benches).
-- ``transport``: the ``Transport`` seam and the in-memory network; ``grpc_transport``: gRPC.
-- ``auth``: the shared-secret MAC, the replay window, mutual-TLS credentials.
+- ``transport``: the ``Transport`` seam and the in-memory network; ``grpc_transport``: gRPC,
+  with the mutual-TLS credentials.
+- ``wire``: the generated messages, and conversions between them and this library's values.
+- ``auth``: the shared-secret MAC and the replay window.
 - ``envelope``: frames sealed into envelopes and opened, refusals counted by reason (no I/O).
 - ``membership``: the SWIM member table (no I/O).
 - ``broadcast``: the retransmit-limited rumour queue.
 - ``store``: delta ids, retained delta bodies and load reports held by a node.
+- ``state``: ``NodeState``, a node's replicated state and what it merges, spreads, asks for
+  and answers (no I/O).
 - ``snapshot``: bounded snapshot sessions for catch-up.
 - ``discovery``: seeds and a re-resolved DNS name.
-- ``node``: ``GossipNode``, which ties them together behind ``start``/``stop``.
+- ``node``: ``GossipNode``, the loops, the calls to peers and the request handlers, behind
+  ``start``/``stop``.
 - ``delegate``: the application's hooks (the router's are ``router.gateway.gossip_delegate``).
 - ``stats``: counters and gauges, and their ``kvrouter_gossip_*`` series.
 

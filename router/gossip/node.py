@@ -13,7 +13,9 @@ The node owns four loops, all started by ``start`` and cancelled by ``stop``:
   addresses no live member has.
 
 Every exchange it starts is bounded by a timeout and owned (cancelled on stop); a slow peer
-holds at most one of them at a time. What a delta or a load figure means is the delegate's.
+holds at most one of them at a time. The node moves messages and owns time and tasks; what they
+change is decided by its ``NodeState`` (state.py), how they are sealed by its ``EnvelopeCodec``
+(envelope.py), and what a delta or a load figure means by the delegate.
 """
 
 from __future__ import annotations
@@ -27,30 +29,20 @@ from typing import Any
 
 from router.core.fields import ConfigError
 from router.gossip.auth import AuthError, ReplayGuard, Sealer
-from router.gossip.broadcast import TransmitQueue
 from router.gossip.clock import Clock, SystemClock
 from router.gossip.config import GossipConfig, split_hostport
 from router.gossip.delegate import Delegate
 from router.gossip.discovery import Discovery, Resolver, system_resolver
 from router.gossip.envelope import EnvelopeCodec
-from router.gossip.membership import Change, Member, MemberTable, State
+from router.gossip.membership import Member, State
 from router.gossip.snapshot import SnapshotSessions
-from router.gossip.stats import Counters, GossipStats, copy_counters
-from router.gossip.store import DeltaStore, LoadStore
+from router.gossip.state import NodeState
+from router.gossip.stats import Counters, GossipStats
 from router.gossip.transport import Refused, Transport, TransportError
-from router.gossip.wire import (
-    digest_map,
-    group_ids,
-    member_from_pb,
-    member_to_pb,
-    pb,
-    to_digest,
-)
+from router.gossip.wire import pb
 
 log = logging.getLogger(__name__)
 
-# Membership rumours piggybacked on a ping, an ack or a reply: a handful, not a round's worth.
-PIGGYBACK_BYTES = 2048
 # Addresses contacted per rejoin tick, so a DNS name with many stale entries stays cheap.
 JOIN_BATCH = 8
 # A snapshot may not claim more chunks than this (64 GiB at the default chunk size).
@@ -90,22 +82,10 @@ class GossipNode:
             t.max_message_bytes,
             self._counters,
         )
-        self._table: MemberTable | None = None
-        self._deltas = DeltaStore(t.retained_bytes, t.retained_per_origin, t.max_origins)
-        self._loads = LoadStore(t.max_members)
-        self._member_q: TransmitQueue[str, pb.Member] = TransmitQueue(t.max_members)
-        self._load_q: TransmitQueue[str, pb.LoadReport] = TransmitQueue(t.max_members)
-        self._offer_q: TransmitQueue[tuple[str, int], tuple[str, int]] = TransmitQueue(
-            t.queue_items
-        )
-        # Delta ids asked of some peer, until when: not asked again of others meanwhile.
-        self._wanted: dict[tuple[str, int], float] = {}
+        self._state = NodeState(self.node_id, t, delegate, self._counters)
         self._sessions = SnapshotSessions(t.snapshot_sessions, t.snapshot_session_ttl)
         self._snapshot_at = -math.inf
         self._catching_up = False
-        self._load_version = 0
-        self._load_sent: list[pb.EngineLoad] | None = None
-        self._load_sent_at = -math.inf
         self._loops: list[asyncio.Task[None]] = []
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._running = False
@@ -130,10 +110,7 @@ class GossipNode:
         if host in ("0.0.0.0", "::", ""):
             await self._transport.stop()
             raise ConfigError(f"gossip bound {bound!r} on a wildcard: set advertise")
-        now = self._clock.now()
-        self._table = MemberTable(self.node_id, self.address, now, self.tuning.max_members)
-        self._member_q.push(self.node_id, member_to_pb(self._table.local), 64)
-        self._load_version = int(self._clock.wall() * 1000)
+        self._state.start(self.address, self._clock.now(), self._clock.wall())
         self._running = True
         t = self.tuning
         # Joining runs in the background (as the rejoin loop's first step), so that start
@@ -177,28 +154,15 @@ class GossipNode:
 
     def members(self) -> list[Member]:
         """Every member this node knows, itself included."""
-        return self._members().all()
+        return self._state.members.all()
 
     def stats(self) -> GossipStats:
         """Counters and gauges right now."""
-        table = self._table
-        c = copy_counters(self._counters)
-        c.queue_dropped = self._member_q.dropped + self._load_q.dropped + self._offer_q.dropped
-        return GossipStats(
-            node_id=self.node_id,
-            counters=c,
-            peers=table.counts() if table else {s.name.lower(): 0 for s in State},
-            convergence_lag=dict(self._deltas.lag),
-            queued_rumours=len(self._member_q) + len(self._load_q) + len(self._offer_q),
-            retained_deltas=self._deltas.retained,
-            retained_bytes=self._deltas.retained_bytes,
-            load_origins=len(self._loads),
-            incarnation=table.local.incarnation if table else 0,
-        )
+        return self._state.stats()
 
     def holds(self, origin: str, seq: int) -> bool:
         """Whether this node has received delta (origin, seq)."""
-        return self._deltas.has(origin, seq)
+        return self._state.deltas.has(origin, seq)
 
     # -- loops ---------------------------------------------------------------------------------
 
@@ -239,8 +203,8 @@ class GossipNode:
         return True
 
     async def _round(self) -> None:
-        self._take_local()
-        table = self._members()
+        self._state.take_local(self._clock.now(), self._clock.wall())
+        table = self._state.members
         # A peer still busy with the last exchange is skipped: a slow peer holds one task.
         peers = [p for p in table.peers(State.ALIVE, State.SUSPECT) if self._can_spawn(p.address)]
         if not peers:
@@ -250,20 +214,14 @@ class GossipNode:
         for peer in self._rng.sample(peers, min(self.tuning.fanout, len(peers))):
             if not self._can_spawn(peer.address):
                 break
-            rumours = self._rumours(limit)
+            rumours = self._state.rumours(limit)
             if rumours is None:
                 break
             self._spawn(peer.address, self._send_rumours(peer.address, rumours))
 
     async def _probe(self) -> None:
-        t, table = self.tuning, self._members()
-        now = self._clock.now()
-        for change in table.expire(now, t.suspicion_timeout(table.live_count())):
-            self._spread(change)
-        table.reap(now, t.dead_reclaim)
-        for origin in self._loads.expired(now, t.load_ttl, keep=self.node_id):
-            self._delegate.forget_load(origin)
-        self._wanted = {k: v for k, v in self._wanted.items() if v > now}
+        t, table = self.tuning, self._state.members
+        self._state.expire(self._clock.now())
         target = table.next_probe(self._rng)
         if target is None:
             return
@@ -279,19 +237,15 @@ class GossipNode:
         if any(reached):
             return
         self._counters.probe_failures += 1
-        current = table.get(target.id)
-        if current is not None and current.incarnation == target.incarnation:
-            suspected = table.suspect(target.id, self._clock.now())
-            if suspected is not None:
-                self._spread(suspected)
+        self._state.suspect(target, self._clock.now())
 
     async def _push_pull_random(self) -> None:
-        peers = self._members().peers(State.ALIVE)
+        peers = self._state.members.peers(State.ALIVE)
         if peers:
             await self._push_pull(self._rng.choice(peers).address)
 
     async def _rejoin(self) -> None:
-        table = self._members()
+        table = self._state.members
         found = await self._discovery.addresses()
         fresh = [a for a in found if a != self.address and not table.address_known(a)]
         if fresh:
@@ -314,11 +268,11 @@ class GossipNode:
         return self._envelopes.reply_body(raw, frame.nonce)
 
     async def _ping(self, address: str, target_id: str, timeout: float) -> bool:  # noqa: ASYNC109
-        ping = pb.Ping(target_id=target_id, members=self._piggyback())
+        ping = pb.Ping(target_id=target_id, members=self._state.piggyback())
         ack = await self._call(address, timeout, ping=ping)
         if not isinstance(ack, pb.Ack):
             return False
-        self._merge_members(ack.members)
+        self._state.merge_members(ack.members, self._clock.now())
         return True
 
     async def _indirect(self, helper: str, target: Member, timeout: float) -> bool:  # noqa: ASYNC109
@@ -330,35 +284,17 @@ class GossipNode:
         reply = await self._call(address, rumours=rumours)
         if not isinstance(reply, pb.RumoursReply):
             return
-        self._merge_members(reply.members)
-        budget = self.tuning.max_message_bytes - 1024
-        bodies = []
-        for ids in reply.want:
-            for seq in ids.seqs:
-                delta = self._deltas.get(ids.origin, seq)
-                if delta is not None and delta.ByteSize() + 16 <= budget:
-                    budget -= delta.ByteSize() + 16
-                    bodies.append(delta)
+        bodies = self._state.apply_rumours_reply(reply, self._clock.now())
         if bodies:
             await self._call(address, updates=pb.Updates(deltas=bodies))
 
     async def _push_pull(self, address: str) -> bool:
-        table = self._members()
-        req = pb.PushPull(members=[member_to_pb(m) for m in table.all()], digest=self._digest())
-        reply = await self._call(address, push_pull=req)
+        reply = await self._call(address, push_pull=self._state.push_pull())
         if not isinstance(reply, pb.PushPullReply):
             return False
-        self._merge_members(reply.members)
-        for delta in reply.deltas:
-            self._merge_delta(delta)
-        for report in reply.loads:
-            self._merge_load(report)
-        repair = self._deltas.repair(
-            digest_map(reply.digest.deltas), self.tuning.max_message_bytes - 64 * 1024
-        )
-        loads = self._loads.newer_than(digest_map(reply.digest.loads))
-        if repair.deltas or loads:
-            await self._call(address, updates=pb.Updates(deltas=repair.deltas, loads=loads))
+        updates = self._state.apply_push_pull_reply(reply, self._clock.now(), self._clock.wall())
+        if updates is not None:
+            await self._call(address, updates=updates)
         if reply.snapshot_advised:
             self._catch_up(address)
         return True
@@ -384,19 +320,14 @@ class GossipNode:
                 if not isinstance(chunk, pb.SnapshotChunk) or chunk.chunk != i:
                     return
                 self._delegate.restore_blocks(chunk.engines)
-            floors = digest_map(first.covers.deltas)
-            self._deltas.advance(floors)
-            self._delegate.mark_seen(floors)
-            for report in first.loads:
-                self._merge_load(report)
+            self._state.apply_snapshot(first, self._clock.now())
             self._counters.snapshots_received += 1
         finally:
             self._catching_up = False
 
     async def _leave(self) -> None:
-        table = self._members()
-        me = member_to_pb(table.leave(self._clock.now()))
-        peers = table.peers(State.ALIVE, State.SUSPECT)
+        me = self._state.leave(self._clock.now())
+        peers = self._state.members.peers(State.ALIVE, State.SUSPECT)
         chosen = self._rng.sample(peers, min(self.tuning.fanout, len(peers)))
         rumours = pb.Rumours(members=[me])
         await asyncio.gather(*(self._call(p.address, rumours=rumours) for p in chosen))
@@ -430,8 +361,8 @@ class GossipNode:
     async def _on_ping(self, ping: pb.Ping) -> tuple[str, Any]:
         if ping.target_id and ping.target_id != self.node_id:
             return "nack", pb.Nack(reason=f"this is {self.node_id}, not {ping.target_id}")
-        self._merge_members(ping.members)
-        return "ack", pb.Ack(members=self._piggyback())
+        self._state.merge_members(ping.members, self._clock.now())
+        return "ack", pb.Ack(members=self._state.piggyback())
 
     async def _on_indirect_ping(self, req: pb.IndirectPing) -> tuple[str, Any]:
         window = self.tuning.probe_interval - self.tuning.probe_timeout
@@ -439,43 +370,14 @@ class GossipNode:
         return "indirect_ack", pb.IndirectAck(reached=reached)
 
     async def _on_rumours(self, rumours: pb.Rumours) -> tuple[str, Any]:
-        self._merge_members(rumours.members)
-        for report in rumours.loads:
-            self._merge_load(report)
-        now = self._clock.now()
-        until = now + self.tuning.want_timeout
-        room = self.tuning.queue_items - len(self._wanted)
-        want: list[tuple[str, int]] = []
-        for ids in rumours.offers:
-            for seq in ids.seqs:
-                key = (ids.origin, seq)
-                if self._deltas.has(*key) or self._wanted.get(key, -math.inf) > now:
-                    continue
-                if room > 0:
-                    self._wanted[key] = until
-                    room -= 1
-                want.append(key)
-        return "rumours_reply", pb.RumoursReply(want=group_ids(want), members=self._piggyback())
+        return "rumours_reply", self._state.answer_rumours(rumours, self._clock.now())
 
     async def _on_updates(self, updates: pb.Updates) -> tuple[str, Any]:
-        for delta in updates.deltas:
-            self._merge_delta(delta)
-        for report in updates.loads:
-            self._merge_load(report)
+        self._state.apply_updates(updates, self._clock.now(), self._clock.wall())
         return "ack", pb.Ack()
 
     async def _on_push_pull(self, req: pb.PushPull) -> tuple[str, Any]:
-        self._merge_members(req.members)
-        budget = self.tuning.max_message_bytes - 64 * 1024
-        repair = self._deltas.repair(digest_map(req.digest.deltas), budget)
-        reply = pb.PushPullReply(
-            members=[member_to_pb(m) for m in self._members().all()],
-            digest=self._digest(),
-            deltas=repair.deltas,
-            loads=self._loads.newer_than(digest_map(req.digest.loads)),
-            snapshot_advised=repair.snapshot_advised,
-        )
-        return "push_pull_reply", reply
+        return "push_pull_reply", self._state.answer_push_pull(req, self._clock.now())
 
     async def _on_snapshot_request(self, req: pb.SnapshotRequest) -> tuple[str, Any]:
         now = self._clock.now()
@@ -486,8 +388,8 @@ class GossipNode:
             return "snapshot_chunk", chunk
         if not self._sessions.has_room(now):
             return "nack", pb.Nack(reason="busy: too many snapshots in progress")
-        covers = self._digest()
-        loads = list(self._loads.reports())
+        covers = self._state.digest()
+        loads = list(self._state.loads.reports())
         parts: list[list[pb.EngineBlocks]] = []
         for part in self._delegate.export_blocks(self.tuning.snapshot_chunk_bytes):
             parts.append(part)
@@ -495,100 +397,3 @@ class GossipNode:
             await asyncio.sleep(0)
         self._counters.snapshots_sent += 1
         return "snapshot_chunk", self._sessions.open(covers, loads, parts, self._clock.now())
-
-    # -- merging -------------------------------------------------------------------------------
-
-    def _merge_members(self, members: Iterable[pb.Member]) -> None:
-        table, now = self._members(), self._clock.now()
-        for m in members:
-            member = member_from_pb(m)
-            if member is None:
-                continue
-            change = table.merge(member, now)
-            if change is not None:
-                self._spread(change)
-
-    def _spread(self, change: Change) -> None:
-        m = change.member
-        self._member_q.push(m.id, member_to_pb(m), len(m.id) + len(m.address) + 16)
-        if change.died and m.id != self.node_id:
-            self._load_q.discard(m.id)
-            if self._loads.forget(m.id):
-                self._delegate.forget_load(m.id)
-
-    def _merge_delta(self, delta: pb.Delta) -> None:
-        if not delta.origin or delta.seq < 1:
-            return
-        self._wanted.pop((delta.origin, delta.seq), None)
-        if not self._deltas.add(delta, self._clock.wall()):
-            self._counters.deltas_duplicate += 1
-            return
-        self._delegate.merge_delta(delta)
-        self._counters.deltas_applied += 1
-        self._offer_q.push((delta.origin, delta.seq), (delta.origin, delta.seq), 4)
-
-    def _merge_load(self, report: pb.LoadReport) -> None:
-        origin = report.origin
-        if not origin or origin == self.node_id:
-            return
-        member = self._members().get(origin)
-        if member is not None and member.state is State.DEAD:
-            self._counters.loads_dropped += 1
-            return
-        if not self._loads.offer(report, self._clock.now()):
-            return
-        self._delegate.merge_load(origin, report.engines)
-        self._counters.loads_applied += 1
-        self._load_q.push(origin, report, report.ByteSize() + 4)
-
-    def _take_local(self) -> None:
-        wall = self._clock.wall()
-        for delta in self._delegate.local_deltas(self.tuning.local_queue):
-            if self._deltas.add(delta, wall, local=True):
-                self._counters.deltas_published += 1
-                self._offer_q.push((delta.origin, delta.seq), (delta.origin, delta.seq), 4)
-        now = self._clock.now()
-        t = self.tuning
-        if now - self._load_sent_at < t.load_interval:
-            return
-        engines = self._delegate.local_load()
-        # Unchanged figures are re-sent only often enough to outlive the peers' TTL.
-        if engines == self._load_sent and now - self._load_sent_at < t.load_ttl / 3:
-            return
-        self._load_version = max(self._load_version + 1, int(self._clock.wall() * 1000))
-        report = pb.LoadReport(
-            origin=self.node_id,
-            version=self._load_version,
-            created_unix_ms=int(self._clock.wall() * 1000),
-            engines=engines,
-        )
-        self._load_sent, self._load_sent_at = engines, now
-        self._loads.offer(report, now)
-        self._load_q.push(self.node_id, report, report.ByteSize() + 4)
-
-    # -- helpers -------------------------------------------------------------------------------
-
-    def _members(self) -> MemberTable:
-        if self._table is None:
-            raise RuntimeError(f"gossip node {self.node_id} is not started")
-        return self._table
-
-    def _rumours(self, limit: int) -> pb.Rumours | None:
-        budget = self.tuning.rumours_bytes
-        members = self._member_q.take(budget // 4, limit)
-        budget -= sum(m.ByteSize() + 4 for m in members)
-        loads = self._load_q.take(budget // 2, limit)
-        budget -= sum(r.ByteSize() + 4 for r in loads)
-        offers = self._offer_q.take(budget, limit, keep=lambda i: self._deltas.get(*i) is not None)
-        if not (members or loads or offers):
-            return None
-        return pb.Rumours(members=members, loads=loads, offers=group_ids(offers))
-
-    def _piggyback(self) -> list[pb.Member]:
-        limit = self.tuning.retransmit_limit(self._members().live_count())
-        return self._member_q.take(PIGGYBACK_BYTES, limit)
-
-    def _digest(self) -> pb.Digest:
-        return pb.Digest(
-            deltas=to_digest(self._deltas.floors()), loads=to_digest(self._loads.versions())
-        )
