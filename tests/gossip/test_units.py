@@ -1,4 +1,4 @@
-"""Gossip building blocks without a network: queue, member table, auth, stores, config, bridge."""
+"""Gossip building blocks without a network: queue, members, wire, auth, stores, config, bridge."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from router.gossip.membership import Member, MemberTable, State
 from router.gossip.snapshot import SnapshotSessions
 from router.gossip.stats import samples
 from router.gossip.store import DeltaStore, LoadStore
-from router.gossip.wire import pb
+from router.gossip.wire import member_from_pb, member_to_pb, pb
 
 SECRET = b"0123456789abcdef-secret"
 
@@ -168,6 +168,27 @@ def test_members_leaving_node_does_not_refute() -> None:
     table = MemberTable("me", "me:1", 0.0, 16)
     assert table.leave(1.0).state is D
     assert table.merge(Member("me", "me:1", 0, S), 2.0) is None
+
+
+# -- wire --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state", list(State), ids=lambda s: s.name.lower())
+def test_wire_member_round_trip_keeps_all_but_since(state: State) -> None:
+    m = Member("b", "b:7946", 3, state, since=12.5)
+    assert member_from_pb(member_to_pb(m)) == Member("b", "b:7946", 3, state)
+
+
+@pytest.mark.parametrize(
+    "rumour",
+    [
+        pb.Member(address="b:1", incarnation=1, state=pb.MEMBER_STATE_ALIVE),
+        pb.Member(id="b", address="b:1", incarnation=1, state=pb.MEMBER_STATE_UNSPECIFIED),
+    ],
+    ids=["no_id", "no_state"],
+)
+def test_wire_member_from_pb_nameless_or_stateless_none(rumour: pb.Member) -> None:
+    assert member_from_pb(rumour) is None
 
 
 # -- auth --------------------------------------------------------------------------------------
