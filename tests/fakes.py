@@ -37,6 +37,7 @@ class Script:
     hang: bool = False  # no status line until the caller gives up
     hang_after: int | None = None  # send this many chunks, then nothing more
     drop_after: int | None = None  # send this many chunks, then break the connection
+    gate: asyncio.Event | None = None  # the answer's first chunk waits until this is set
 
 
 def openai_answer(body: Mapping[str, Any], cached: int = 0, prompt: int = 10) -> Script:
@@ -88,6 +89,8 @@ class FakeResponse:
     async def read_chunk(self) -> bytes:
         s = self.script
         await asyncio.sleep(0)  # a real read yields to the loop
+        if s.gate is not None and self._sent == 0:
+            await s.gate.wait()
         if s.drop_after is not None and self._sent >= s.drop_after:
             raise UpstreamDropped(f"{self.engine} broke off its response (fake)", self.engine)
         if s.hang_after is not None and self._sent >= s.hang_after:

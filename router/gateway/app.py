@@ -44,6 +44,7 @@ from router.gateway.errors import (
     error_middleware,
 )
 from router.gateway.exchange import Exchange, Services, decide, keep_local, read_body
+from router.gateway.flow import Admission
 from router.gateway.gossip_delegate import run_origin
 from router.gateway.inbound import PROMPT_FIELD, parse
 from router.gateway.metrics import FleetView, Metrics
@@ -102,6 +103,7 @@ class Gateway:
                 index_entries=lambda: len(self.core.index),
                 gossip_peers=lambda: self.gossip_peers(),
                 gossip=lambda: self.gossip_samples(),
+                queue_depth=lambda: self.admission.depth(),
             )
         )
         self.pool = EnginePool(
@@ -121,6 +123,7 @@ class Gateway:
             self.replica = Replica(gossip, self.core, now=clock)
             self.gossip_peers = self.replica.peers
             self.gossip_samples = self.replica.samples
+        self.admission = Admission(config.flow_control, self.core, self.metrics, clock=clock)
         self.services = Services(
             self.core,
             self.pool,
@@ -128,6 +131,7 @@ class Gateway:
             self.metrics,
             config.timeouts,
             config.limits,
+            self.admission,
             RetryBudget(BudgetRules(ratio=config.limits.retry_budget_percent / 100)),
             clock=clock,
             publish=self.replica.queue if self.replica is not None else keep_local,
@@ -336,6 +340,7 @@ def build_app(gw: Gateway) -> web.Application:
     app.cleanup_ctx.append(_task_ctx("model-lists", lambda g: g.pool.models_loop))
     app.cleanup_ctx.append(_task_ctx("dns-discovery", lambda g: g.pool.dns_loop))
     app.cleanup_ctx.append(_task_ctx("policy-watcher", lambda g: g.watcher.run))
+    app.cleanup_ctx.append(_task_ctx("flow-control", lambda g: g.admission.pump_loop))
     app.add_routes([web.post(route, _generation(route)) for route in PROMPT_FIELD])
     app.add_routes(
         [

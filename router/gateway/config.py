@@ -17,6 +17,9 @@ The file's shape is shared with the Helm chart, so its names are a contract::
     limits: {max_body_bytes: 16777216, max_attempts: 3, retry_budget_percent: 20,
              retry_backoff_seconds: 0.025}
     admin_token_env: KVROUTER_ADMIN_TOKEN
+    flow_control: {enabled: true, max_queue: 1024, max_wait_seconds: 30,
+                   max_inflight_per_engine: 0, tenant_header: x-kvrouter-tenant,
+                   priority_header: x-kvrouter-priority, retry_after_seconds: 1}
     gossip: {enabled: false, port: 7946, dns: "", peers: [], secret_env: KVROUTER_GOSSIP_SECRET,
              tls: {cert_file: "", key_file: "", ca_file: ""}, advertise: "", node_id: "",
              preset: lan}
@@ -155,6 +158,26 @@ class Gossip:
 
 
 @dataclass(frozen=True, slots=True)
+class FlowControl:
+    """The bounded wait queue in front of a full fleet (router.gateway.flow)."""
+
+    enabled: bool = True
+    # Requests waiting at most; beyond it a 429. A queue longer than a few seconds of the
+    # fleet's throughput only turns 429s into timeouts.
+    max_queue: int = 1024
+    # Longest wait in the queue before a 429.
+    max_wait_seconds: float = 30.0
+    # In-flight requests (all replicas) at which an engine counts as full; 0: no cap, an
+    # engine is full only when its own metrics say it queues (see router.gateway.flow).
+    max_inflight_per_engine: int = 0
+    # Who a request belongs to, for fairness: this header, else the API key, else ``user``.
+    tenant_header: str = "x-kvrouter-tenant"
+    # Overrides the body's ``priority`` (vLLM's meaning: lower is served first).
+    priority_header: str = "x-kvrouter-priority"
+    retry_after_seconds: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """Everything ``kvrouter serve`` is configured with."""
 
@@ -167,6 +190,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     admin_token_env: str = "KVROUTER_ADMIN_TOKEN"
     gossip: Gossip = field(default_factory=Gossip)
+    flow_control: FlowControl = field(default_factory=FlowControl)
 
 
 def engine_url(text: str) -> str:
@@ -310,6 +334,22 @@ def _limits(f: _Fields | None) -> Limits:
     return out
 
 
+def _flow_control(f: _Fields | None) -> FlowControl:
+    if f is None:
+        return FlowControl()
+    out = FlowControl(
+        enabled=f.flag("enabled", True),
+        max_queue=f.integer("max_queue", 1024, 0, 1_000_000),
+        max_wait_seconds=_seconds(f, "max_wait_seconds", 30.0, 0.0),
+        max_inflight_per_engine=f.integer("max_inflight_per_engine", 0, 0, 1_000_000),
+        tenant_header=f.text("tenant_header", "x-kvrouter-tenant"),
+        priority_header=f.text("priority_header", "x-kvrouter-priority"),
+        retry_after_seconds=f.integer("retry_after_seconds", 1, 1, 3600),
+    )
+    f.done()
+    return out
+
+
 def _gossip(f: _Fields | None) -> Gossip:
     if f is None:
         return Gossip()
@@ -366,6 +406,7 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
         limits=_limits(f.sub("limits")),
         admin_token_env=token_env,
         gossip=_gossip(f.sub("gossip")),
+        flow_control=_flow_control(f.sub("flow_control")),
     )
     f.done()
     return cfg

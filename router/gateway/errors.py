@@ -20,6 +20,7 @@ answers like vLLM (``vllm_dialect``: ``BadRequestError``, the HTTP status as the
     │   ├── BodyTimeout             408  the body did not arrive in time
     │   └── BodyTooLarge            413  body above limits.max_body_bytes
     ├── NoEngine                   503  no healthy engine serves the model (Retry-After)
+    ├── TooBusy                    429  the fleet is full and the wait queue too (Retry-After)
     ├── ResponseTooLarge            502  a non-streamed answer above the relay's buffer limit
     └── UpstreamError               one attempt at an engine failed (retried before 1st byte)
         ├── UpstreamConnectError    502  refused, reset or unresolvable before a response
@@ -97,6 +98,18 @@ class BodyTooLarge(RequestError):
 class NoEngine(GatewayError):
     status = 503
     code = "no_backend_available"
+
+
+class TooBusy(GatewayError):
+    """Flow control turned the request away: the queue is full, or it waited too long."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, retry_after: int = RETRY_AFTER_SECONDS) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ResponseTooLarge(GatewayError):
@@ -219,6 +232,8 @@ def error_response(
         )
         if isinstance(exc, NoEngine):
             headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        elif isinstance(exc, TooBusy):
+            headers["Retry-After"] = str(exc.retry_after)
     elif isinstance(exc, web.HTTPException) and exc.status >= 400:
         status = exc.status
         template, code = _HTTP_MESSAGES.get(status, (exc.reason, None))

@@ -1,6 +1,7 @@
 """One request's life in the gateway, in one place: the exchange.
 
-    read body -> parse -> decide -> for each engine of the plan (at most ``max_attempts``):
+    read body -> parse -> admission (router.gateway.flow: wait, bounded, while the fleet is full)
+    -> decide -> for each engine of the plan (at most ``max_attempts``):
         acquire -> send -> first byte
             5xx, timeout, broken: release, try the next engine
             200: record the prefix for this engine, publish the delta -> relay -> release
@@ -52,6 +53,7 @@ from router.gateway.errors import (
     error_response,
     stream_error,
 )
+from router.gateway.flow import Admission, priority_of, tenant_of
 from router.gateway.inbound import Inbound, parse, session_of
 from router.gateway.metrics import Metrics
 from router.gateway.relay import UsageTail, body_usage, client_headers, engine_headers
@@ -86,6 +88,7 @@ class Services:
     metrics: Metrics
     timeouts: Timeouts
     limits: Limits
+    admission: Admission
     retry_budget: RetryBudget = field(default_factory=RetryBudget)
     clock: Callable[[], float] = time.monotonic
     # Where recorded deltas go (the gossip queue when replicas are configured).
@@ -157,6 +160,20 @@ class Exchange:
         s = self.s
         raw = await read_body(self.request, s.limits.max_body_bytes)
         inbound = parse(raw, self.route)
+        # Flow control: wait here (bounded) while every engine that could serve it is full.
+        rules = s.admission.rules
+        await s.admission.enter(
+            s.pool.candidates(inbound.model),
+            priority_of(inbound.body, self.request.headers, rules.priority_header),
+            tenant_of(inbound.body, self.request.headers, rules.tenant_header),
+        )
+        try:
+            return await self._route(inbound, raw)
+        finally:
+            s.admission.leave()
+
+    async def _route(self, inbound: Inbound, raw: bytes) -> web.StreamResponse:
+        s = self.s
         t = time.perf_counter()
         d = decide(s, inbound, self.request.headers)
         s.metrics.decision.observe(time.perf_counter() - t)

@@ -71,6 +71,8 @@ class FleetView:
     gossip_peers: Callable[[], Mapping[str, int]] = lambda: {"alive": 0}
     # The gossip node's other series (none while gossip is off).
     gossip: Callable[[], Iterable[Sample]] = lambda: ()
+    # Requests waiting in the flow-control queue, by priority.
+    queue_depth: Callable[[], Mapping[int, int]] = lambda: {}
 
 
 class _FleetCollector(Collector):
@@ -116,7 +118,14 @@ class _FleetCollector(Collector):
         )
         for state, n in sorted(v.gossip_peers().items()):
             peers.add_metric([state], n)
-        return [reqs, toks, healthy, blocks, peers, *_gossip_families(v.gossip())]
+        depth = GaugeMetricFamily(
+            "kvrouter_queue_depth",
+            "Requests waiting in the flow-control queue, by priority.",
+            labels=["priority"],
+        )
+        for prio, n in sorted(v.queue_depth().items()):
+            depth.add_metric([str(prio)], n)
+        return [reqs, toks, healthy, blocks, peers, depth, *_gossip_families(v.gossip())]
 
 
 def _gossip_families(series: Iterable[Sample]) -> list[Metric]:
@@ -196,6 +205,28 @@ class Metrics:
         self.retries = Counter(
             "kvrouter_retries",
             "Attempts retried on another engine after a failure before the first byte.",
+            registry=r,
+        )
+        self.admitted = Counter(
+            "kvrouter_admitted",
+            "Requests let through by flow control: at once, or after waiting in the queue.",
+            ["path"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "kvrouter_rejected",
+            "Requests flow control turned away with a 429, by reason (queue_full, timeout).",
+            ["reason"],
+            registry=r,
+        )
+        for path in ("immediate", "queued"):
+            self.admitted.labels(path)
+        for reason in ("queue_full", "timeout"):
+            self.rejected.labels(reason)
+        self.queue_wait = Histogram(
+            "kvrouter_queue_wait_seconds",
+            "Time requests spent in the flow-control queue (those that waited).",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=r,
         )
         self.retries_refused = Counter(
