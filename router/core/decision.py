@@ -17,6 +17,17 @@ The gateway and the simulator both drive a request through ``RoutingCore`` in th
    back, and provisional entries no answer confirmed (a failed attempt) are withdrawn.
 
 ``forget(engine)`` drops everything believed of an engine (it restarted, or was replaced).
+
+Precise engines (``set_precise``: their KV cache events arrive and are complete) are asked in
+their own key space when the request's token ids are known (``decide(..., tokenized=...)``):
+the router's chained keys over the ids, cut at the engine's block size, against the entries
+the engine's events put in the index (``observe``), weighted by medium. The event overlap is
+scaled to the request's text blocks (the share of the prompt held), so scorers compare every
+engine in one unit. Entries this router routed there in the last ``bridge_seconds`` bridge the
+time until the engine's event arrives; the larger of the two counts, and each candidate's
+explanation says which source it came from (``event``, ``predicted``, ``approximate`` or
+``none``). Engines without events, a degraded feed, or a request whose tokens are unknown use
+the text keys.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from typing import Any
 
 from router.core.blocks import RoutingText, block_keys, namespace_seed, routing_text
 from router.core.index import BlockIndex, Delta, IndexLimits
+from router.core.kv_events import Change, token_keys
 from router.core.load import LoadBook
 from router.core.policy import Policy
 from router.core.predictions import Predictions
@@ -52,6 +64,8 @@ class Decision:
     # The other candidates, best first: eligible before ineligible, then by score.
     fallbacks: tuple[str, ...]
     session: str | None = None
+    # Per candidate: where its overlap came from (event, predicted, approximate, none).
+    sources: tuple[str, ...] = ()
 
     def plan(self) -> tuple[str, ...]:
         """The engines to try, in order: the pick, then the fallbacks."""
@@ -61,6 +75,12 @@ class Decision:
         """Leading blocks ``engine`` held (or was predicted to) when the decision was made."""
         x = self.inputs
         return x.overlaps[x.candidates.index(engine)] if engine in x.candidates else 0
+
+    def source_of(self, i: int) -> str:
+        """Where candidate ``i``'s overlap came from."""
+        if self.sources:
+            return self.sources[i]
+        return "approximate" if self.inputs.overlaps[i] else "none"
 
     @property
     def overlap_ratio(self) -> float:
@@ -83,6 +103,7 @@ class Decision:
                     "engine": e,
                     "overlap_blocks": x.overlaps[i],
                     "predicted_blocks": self.predicted[i],
+                    "overlap_source": self.source_of(i),
                     "inflight_requests": x.requests[i],
                     "inflight_tokens": x.tokens[i],
                     "eligible": self.eligible[i],
@@ -92,6 +113,21 @@ class Decision:
                 for i, e in enumerate(x.candidates)
             ],
         }
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPrompt:
+    """A request's token ids as the engines' tokenizer gives them, and its LoRA adapter."""
+
+    token_ids: tuple[int, ...]
+    lora_name: str | None = None
+
+
+# Medium tiers: a block in CPU memory or on disk still saves prefill, but costs a load.
+DEFAULT_MEDIUM_WEIGHTS: Mapping[str, float] = {"gpu": 1.0, "cpu": 0.5, "disk": 0.25}
+# How long a routed prefix counts on a precise engine before its own event must confirm it:
+# events arrive within milliseconds; a prefix still unconfirmed after this was not cached.
+DEFAULT_BRIDGE_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +157,10 @@ class RoutingCore:
         # Outstanding leases -> whether their claims are still unconfirmed.
         self._leases: dict[int, bool] = {}
         self._lease_ids = itertools.count(1)
+        # Engines whose events are complete -> their block size in tokens.
+        self.precise: dict[str, int] = {}
+        self.medium_weights: Mapping[str, float] = DEFAULT_MEDIUM_WEIGHTS
+        self.bridge_seconds = DEFAULT_BRIDGE_SECONDS
 
     @staticmethod
     def _limits(policy: Policy) -> IndexLimits:
@@ -158,6 +198,26 @@ class RoutingCore:
             for e in self.index.engines:
                 self.index.add_engine(e)
 
+    def set_precise(self, engine: str, block_size: int | None) -> None:
+        """``engine``'s events are complete, with blocks of ``block_size`` (None: they are not)."""
+        if block_size is None:
+            self.precise.pop(engine, None)
+        else:
+            self.precise[engine] = block_size
+
+    def observe(self, engine: str, change: Change, now: float) -> None:
+        """Apply what ``engine``'s own KV cache event says (``core.kv_events``)."""
+        if change.cleared:
+            self.index.clear_events(engine)
+        if change.removed:
+            self.index.evict(engine, change.removed, change.medium)
+        if change.stored:
+            self.index.store(engine, change.stored, change.medium, now)
+
+    def _weight(self, medium: str) -> float:
+        w = self.medium_weights
+        return w.get(medium, min(w.values(), default=0.0))
+
     # -- the query ---------------------------------------------------------------------------
 
     def keys_of(self, body: Mapping[str, Any] | RoutingText) -> tuple[RoutingText, list[int]]:
@@ -172,13 +232,14 @@ class RoutingCore:
         now: float,
         session: str | None = None,
         prompt_tokens: int | None = None,
+        *,
+        tokenized: TokenPrompt | None = None,
     ) -> Decision:
         """Where ``body`` should go among ``candidates``, and why. Changes nothing."""
         rt, keys = self.keys_of(body)
         tokens = rt.approx_tokens if prompt_tokens is None else prompt_tokens
-        return self.decide_keys(
-            keys, tokens, candidates, now, session, namespace_seed(rt.namespace)
-        )
+        seed = namespace_seed(rt.namespace)
+        return self.decide_keys(keys, tokens, candidates, now, session, seed, tokenized=tokenized)
 
     def decide_keys(
         self,
@@ -188,11 +249,16 @@ class RoutingCore:
         now: float,
         session: str | None = None,
         seed: int = 0,
+        *,
+        tokenized: TokenPrompt | None = None,
     ) -> Decision:
         """``decide`` for keys already computed (``seed`` names the ring home of no blocks)."""
         p = self.policy
         cands = list(dict.fromkeys(candidates))
         overlaps = self.index.overlaps(keys, cands, now)
+        src = {e: "approximate" if o else "none" for e, o in zip(cands, overlaps, strict=True)}
+        if tokenized is not None and self.precise:
+            self._precise_overlaps(keys, tokenized, cands, now, overlaps, src)
         predicted = [0] * len(cands)
         if self.predictions:
             for i, e in enumerate(cands):
@@ -231,7 +297,37 @@ class RoutingCore:
             totals=tuple(totals),
             fallbacks=tuple(cands[i] for i in order if cands[i] != engine),
             session=session,
+            sources=tuple(src[e] for e in cands),
         )
+
+    def _precise_overlaps(
+        self,
+        keys: Sequence[int],
+        tokenized: TokenPrompt,
+        cands: Sequence[str],
+        now: float,
+        overlaps: list[int],
+        src: dict[str, str],
+    ) -> None:
+        """Replace each precise candidate's overlap with its events' (or the bridge's)."""
+        by_size: dict[int, list[int]] = {}
+        for i, e in enumerate(cands):
+            size = self.precise.get(e)
+            if size is None:
+                continue
+            pk = by_size.get(size)
+            if pk is None:
+                pk = by_size[size] = token_keys(tokenized.token_ids, size, tokenized.lora_name)
+            _, weighted = self.index.event_overlap(e, pk, self._weight)
+            # The share of the prompt held, in the request's text blocks (what scorers count).
+            held = int(weighted * len(keys) / len(pk)) if pk else 0
+            bridge = 0
+            if overlaps[i]:
+                bridge = self.index.leading_since(e, keys, now - self.bridge_seconds)
+            if bridge > held:
+                overlaps[i], src[e] = bridge, "predicted"
+            else:
+                overlaps[i], src[e] = held, "event" if held else "none"
 
     def _pick(
         self,

@@ -5,11 +5,18 @@ forgets blocks in the order the engine evicts them. Every change made here is al
 a ``Delta``: the serialisable unit that gossip carries between router replicas and that KV
 events from engines are translated into. Applying a delta is idempotent (each origin numbers
 its deltas; a number seen before is ignored) and deltas of one origin may arrive in any order.
+
+Entries have a source. *Approximate* entries are the router's belief (what it routed where);
+*predicted* ones are approximate entries still provisional (``core.predictions``). *Event*
+entries are an engine's own word, from its KV cache events (``core.kv_events``): keyed by the
+router's hash over the block's token ids, kept per medium (GPU, CPU, disk, ...), and never
+gossiped (every replica subscribes to the engines itself). Event entries count towards the
+same global cap and are shed the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from router.core.lru import LruKeys
@@ -51,6 +58,8 @@ class BlockIndex:
         self._seq = seq
         self._seen: dict[str, SeqWindow] = {}
         self._entries = 0
+        # engine -> medium -> event keys (the engine's own word)
+        self._events: dict[str, dict[str, LruKeys]] = {}
 
     # -- engines -----------------------------------------------------------------------------
 
@@ -79,6 +88,7 @@ class BlockIndex:
         self._capacity_override.pop(engine, None)
         if lru is not None:
             self._entries -= len(lru)
+        self.clear_events(engine)
 
     @property
     def seq(self) -> int:
@@ -195,16 +205,93 @@ class BlockIndex:
         if lru is not None:
             self._entries -= len(lru)
             lru.clear()
+        self.clear_events(engine)
 
     def _shrink(self) -> None:
         # Over the global cap: take the overflow (plus slack, so this runs rarely) from the
         # engines holding the most, in proportion to what each holds.
         excess = self._entries - self.limits.max_entries + self.limits.max_entries // 64
         total = self._entries
-        for lru in list(self._engines.values()):
+        tiers = [lru for media in self._events.values() for lru in media.values()]
+        for lru in [*self._engines.values(), *tiers]:
             share = min(len(lru), -(-excess * len(lru) // total))
             if share:
                 self._entries -= len(lru.evict(share))
+
+    # -- event entries (an engine's own KV cache events) ------------------------------------
+
+    def store(self, engine: str, keys: Sequence[int], medium: str, now: float) -> None:
+        """``engine`` says it cached ``keys`` (a chain, first block first) in ``medium``."""
+        media = self._events.setdefault(engine, {})
+        lru = media.get(medium)
+        if lru is None:
+            # The global cap bounds event entries; the engine's removals keep them exact.
+            lru = media[medium] = LruKeys(self.limits.max_entries)
+        before = len(lru)
+        lru.touch(keys[::-1], now)
+        self._entries += len(lru) - before
+        if self._entries > self.limits.max_entries:
+            self._shrink()
+
+    def evict(self, engine: str, keys: Iterable[int], medium: str) -> None:
+        """``engine`` says it dropped ``keys`` from ``medium``."""
+        lru = self._events.get(engine, {}).get(medium)
+        if lru is not None:
+            self._entries -= len(lru.discard(keys))
+
+    def clear_events(self, engine: str) -> None:
+        """Forget every event entry of ``engine`` (it cleared its cache, or its feed broke)."""
+        for lru in self._events.pop(engine, {}).values():
+            self._entries -= len(lru)
+
+    def event_blocks(self, engine: str | None = None) -> int:
+        """Event entries of ``engine`` (of every engine when None), over all media."""
+        if engine is not None:
+            return sum(len(lru) for lru in self._events.get(engine, {}).values())
+        return sum(len(lru) for media in self._events.values() for lru in media.values())
+
+    def event_overlap(
+        self, engine: str, keys: Sequence[int], weight: Callable[[str], float]
+    ) -> tuple[int, float]:
+        """Leading blocks of ``keys`` ``engine`` says it holds, and their sum of tier weights.
+
+        A block held in several media counts with the best weight. The walk is linear: an
+        engine's evictions need not take a chain's tail first, so no block is assumed.
+        """
+        media = self._events.get(engine)
+        if not media or not keys:
+            return 0, 0.0
+        tables = [(lru.table, weight(m)) for m, lru in media.items()]
+        if len(tables) == 1:
+            table, w = tables[0]
+            n = 0
+            for k in keys:
+                if k not in table:
+                    break
+                n += 1
+            return n, n * w
+        n, total = 0, 0.0
+        for k in keys:
+            best = max((w for t, w in tables if k in t), default=None)
+            if best is None:
+                break
+            n += 1
+            total += best
+        return n, total
+
+    def leading_since(self, engine: str, keys: Sequence[int], since: float) -> int:
+        """Leading blocks of ``keys`` in ``engine``'s approximate entries newer than ``since``."""
+        lru = self._engines.get(engine)
+        if lru is None:
+            return 0
+        table = lru.table
+        n = 0
+        for k in keys:
+            t = table.get(k)
+            if t is None or t <= since:
+                break
+            n += 1
+        return n
 
     # -- snapshots (gossip catch-up) ---------------------------------------------------------
 
