@@ -200,6 +200,7 @@ _SCHEMA: Mapping[str, tuple[type[Any], tuple[tuple[str, Reader], ...], int]] = {
     "BlockRemoved": (BlockRemoved, (("block_hashes", _hashes), ("medium", _opt_str)), 1),
     "AllBlocksCleared": (AllBlocksCleared, (), 0),
 }
+_NILABLE: frozenset[Reader] = frozenset({_opt_hash})
 # Fields a newer BlockRemoved carries that the router reads by name only.
 _MAP_ONLY: Mapping[str, tuple[tuple[str, Reader], ...]] = {
     "BlockRemoved": (("group_idx", _opt_int),),
@@ -235,9 +236,14 @@ def _event(raw: Any, counts: Counts) -> Event | None:
                 kwargs[name] = read(v)
             elif name != "type":
                 counts.unknown_fields += 1
-        missing = [name for name, _ in fields[:required] if name not in kwargs]
+        # A required field that may be nil (parent_block_hash) may also be left out.
+        missing = [
+            name for name, read in fields[:required] if name not in kwargs and read not in _NILABLE
+        ]
         if missing:
             raise Malformed(f"{tag} lacks {', '.join(missing)}")
+        for name, _ in fields[:required]:
+            kwargs.setdefault(name, None)  # only the nil-able ones can be missing here
     else:
         raise Malformed("an event must be a tagged array or a map with a 'type'")
     event: Event = cls(**kwargs)

@@ -2,7 +2,13 @@
 
 Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models,
 /health, /metrics (vLLM's names, ``router.enginesim.metrics``), /stats (JSON counters);
-POST /reset (empty the cache, the clock and the counters); POST /fault (below).
+POST /reset (empty the cache, the clock and the counters); POST /fault (below); POST /tokenize
+(vLLM's shape: ``{"model", "prompt"}`` or ``{"model", "messages", ...}`` answers
+``{"tokens": [...], "count": N, "max_model_len": M}``, the ids of ``tokens.token_ids``).
+
+With ``SimSettings.events`` the prefix cache publishes its KV cache events as vLLM does
+(``router.enginesim.kv_publisher``): every admission's stored and evicted blocks, and
+``AllBlocksCleared`` on ``/reset``.
 
 A request's body is read once, parsed (``router.enginesim.requests``), admitted by the engine
 (``router.enginesim.engine``), and answered with the bodies of ``router.enginesim.responses``.
@@ -42,6 +48,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from router import hostport
 from router.enginesim.engine import Engine, SimSettings, Ticket
+from router.enginesim.kv_publisher import CacheEvents, Publisher
 from router.enginesim.metrics import registry_for
 from router.enginesim.requests import (
     EMBEDDINGS,
@@ -51,8 +58,17 @@ from router.enginesim.requests import (
     parse_generation,
 )
 from router.enginesim.responses import Reply, embeddings_body, models_body
+from router.enginesim.tokens import token_ids
 from router.gateway import sse
-from router.gateway.errors import GatewayError, error_middleware, stream_error, vllm_dialect
+from router.gateway.errors import (
+    BadRequest,
+    GatewayError,
+    NotFound,
+    error_middleware,
+    stream_error,
+    vllm_dialect,
+)
+from router.gateway.inbound import json_object, parse
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +83,10 @@ SHUTDOWN_GRACE_S = 2.0
 
 ENGINE = web.AppKey("engine", Engine)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
+EVENTS = web.AppKey("events", CacheEvents)
+PUBLISHER = web.AppKey("publisher", Publisher)
+# What /tokenize reports as the context length (engine-sim has no limit of its own).
+MAX_MODEL_LEN = 131_072
 
 
 class InjectedFault(GatewayError):
@@ -175,6 +195,11 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     drop = await _take_fault(request)
     gen = parse_generation(await request.read(), endpoint, engine.settings)
     ticket = engine.admit(gen.keys, gen.prompt_tokens, gen.max_tokens)
+    events = request.app.get(EVENTS)
+    if events is not None and gen.text is not None:
+        # Right after admission, with no await between: events leave in cache order.
+        ids = token_ids(gen.text)
+        request.app[PUBLISHER].publish(events.admitted(gen.keys, ids, engine.now()))
     try:
         reply = Reply(gen, engine.settings.model, ticket.cached)
         if gen.stream:
@@ -238,7 +263,24 @@ async def reset(request: web.Request) -> web.Response:
     """POST /reset: empty the cache, the clock and the counters; answer the fresh stats."""
     engine = request.app[ENGINE]
     engine.reset()
+    events = request.app.get(EVENTS)
+    if events is not None:
+        request.app[PUBLISHER].publish(events.cleared())
     return _json(engine.stats())
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """POST /tokenize: the prompt's token ids, as vLLM answers them."""
+    engine = request.app[ENGINE]
+    body = json_object(await request.read())
+    route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    if "messages" not in body and "prompt" not in body:
+        raise BadRequest("give 'prompt' or 'messages'", "prompt")
+    inbound = parse(orjson.dumps(body), route)
+    if inbound.model != engine.settings.model:
+        raise NotFound(f"The model `{inbound.model}` does not exist.", "model")
+    ids = token_ids(inbound.text)
+    return _json({"tokens": ids, "count": len(ids), "max_model_len": MAX_MODEL_LEN})
 
 
 async def fault(request: web.Request) -> web.Response:
@@ -257,6 +299,16 @@ def build_app(settings: SimSettings) -> web.Application:
     engine = Engine(settings)
     app[ENGINE] = engine
     app[REGISTRY] = registry_for(engine)
+    if settings.events is not None:
+        spec = settings.spec
+        app[EVENTS] = CacheEvents(
+            spec.capacity_tokens // spec.block_tokens,
+            spec.block_tokens,
+            settings.events.encoding,
+            settings.events.hashes,
+        )
+        app[PUBLISHER] = Publisher(settings.events)
+        app.cleanup_ctx.append(_publisher_ctx)
     app.add_routes(
         [
             web.post(Endpoint.CHAT.value, chat_completions),
@@ -268,9 +320,19 @@ def build_app(settings: SimSettings) -> web.Application:
             web.get("/stats", stats),
             web.post("/reset", reset),
             web.post("/fault", fault),
+            web.post("/tokenize", tokenize),
         ]
     )
     return app
+
+
+async def _publisher_ctx(app: web.Application) -> AsyncIterator[None]:
+    publisher = app[PUBLISHER]
+    publisher.start()
+    try:
+        yield
+    finally:
+        await publisher.close()
 
 
 @asynccontextmanager

@@ -18,6 +18,7 @@ from router.core.blocks import CHARS_PER_TOKEN
 from router.core.engine_model import EngineSpec
 from router.enginesim.app import LOOPBACK, serving
 from router.enginesim.engine import DEFAULT_MODEL, SimSettings
+from router.enginesim.kv_publisher import ENCODINGS, HASH_KINDS, EventSettings
 from router.gateway.eventloop import loop_factory
 
 
@@ -30,7 +31,17 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
         decode_tokens_per_s=args.decode_tokens_per_s,
         max_batch=args.max_batch,
     )
-    return SimSettings(model=args.model, spec=spec, fast=args.fast)
+    events = None
+    if args.kv_events_port is not None:
+        events = EventSettings(
+            port=args.kv_events_port,
+            replay_port=args.kv_events_replay_port,
+            topic=args.kv_events_topic,
+            encoding=args.kv_events_encoding,
+            hashes=args.kv_events_hashes,
+            host=args.host,
+        )
+    return SimSettings(model=args.model, spec=spec, fast=args.fast, events=events)
 
 
 def _positive(kind: Callable[[str], int | float]) -> Callable[[str], Any]:
@@ -101,6 +112,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests decoded at once (default: %(default)s)",
     )
     add("--fast", action="store_true", help="no delays; the cache and stats still work")
+    ev = parser.add_argument_group(
+        "KV cache events", "Publish the prefix cache's stores and evictions as vLLM does (ZMQ)."
+    )
+    ev.add_argument(
+        "--kv-events-port", type=int, metavar="P", help="publish events on this port (PUB)"
+    )
+    ev.add_argument(
+        "--kv-events-replay-port",
+        type=int,
+        metavar="P",
+        help="answer replay requests on this port (ROUTER)",
+    )
+    ev.add_argument(
+        "--kv-events-topic", default="", metavar="T", help="topic frame (default: empty)"
+    )
+    ev.add_argument(
+        "--kv-events-encoding",
+        choices=ENCODINGS,
+        default="map",
+        help="events as tagged arrays (vLLM < 0.24) or maps (default: %(default)s)",
+    )
+    ev.add_argument(
+        "--kv-events-hashes",
+        choices=HASH_KINDS,
+        default="int",
+        help="block hashes as uint64 or 32 bytes (default: %(default)s)",
+    )
 
 
 async def _serve_until_signalled(settings: SimSettings, host: str, port: int) -> None:

@@ -13,9 +13,12 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from router.core.engine_model import EngineClock, EngineSpec, PrefixCache, Schedule
+
+if TYPE_CHECKING:
+    from router.enginesim.kv_publisher import EventSettings
 
 DEFAULT_MODEL = "sim-model"
 
@@ -30,6 +33,8 @@ class SimSettings:
     model: str = DEFAULT_MODEL
     spec: EngineSpec = field(default_factory=EngineSpec)
     fast: bool = False
+    # Publish KV cache events (router.enginesim.kv_publisher); None: no events.
+    events: EventSettings | None = None
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from router.core.blocks import RoutingText
 from router.enginesim.engine import FAULT_MODES, Fault, SimSettings
 from router.enginesim.tokens import prefix_keys, prompt_tokens, text_tokens
 from router.gateway.errors import BadRequest, NotFound
@@ -49,6 +50,7 @@ class Generation:
     prompt_tokens: int
     keys: tuple[int, ...]
     seed: int
+    text: RoutingText | None = None  # the canonical prompt, for the KV events' token ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +134,7 @@ def parse_generation(raw: bytes, endpoint: Endpoint, settings: SimSettings) -> G
         prompt_tokens=tokens,
         keys=tuple(keys),
         seed=keys[-1] if keys else tokens,
+        text=inbound.text,
     )
 
 

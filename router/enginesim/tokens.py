@@ -17,6 +17,8 @@ word), so an answer sent back as the next turn's history counts as many tokens a
 
 from __future__ import annotations
 
+import xxhash
+
 from router.core.blocks import CHARS_PER_TOKEN, RoutingText, block_keys
 
 # Output vocabulary: each entry is one output token of exactly CHARS_PER_TOKEN characters.
@@ -38,6 +40,27 @@ def text_tokens(text: str) -> int:
 def prefix_keys(rt: RoutingText, block_tokens: int) -> list[int]:
     """Chained keys of the prompt's full blocks of ``block_tokens`` tokens."""
     return block_keys(rt, block_tokens * CHARS_PER_TOKEN)
+
+
+# Token ids of text pieces stay below this, like a real vocabulary's.
+VOCABULARY = 1 << 31
+
+
+def token_ids(rt: RoutingText) -> list[int]:
+    """The prompt's token ids: its ids, or one id per ``CHARS_PER_TOKEN``-character piece.
+
+    What ``POST /tokenize`` answers and what the KV events carry, so that the router's keys
+    over these ids name the blocks the cache holds (a trailing partial piece is no token, as
+    ``prompt_tokens`` counts it).
+    """
+    if rt.token_ids is not None:
+        return list(rt.token_ids)
+    text = rt.text or ""
+    digest = xxhash.xxh3_64_intdigest
+    return [
+        digest(text[i : i + CHARS_PER_TOKEN].encode("utf-8", "surrogatepass")) % VOCABULARY
+        for i in range(0, len(text) - CHARS_PER_TOKEN + 1, CHARS_PER_TOKEN)
+    ]
 
 
 def output_token(seed: int, i: int, choice: int) -> str:

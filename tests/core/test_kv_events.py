@@ -281,3 +281,12 @@ def test_fuzz_structured_batches_never_raise_and_account_for_each_event(
     for e in batch.events:
         eb.apply(e)  # whatever decoded is safe to key
     assert len(eb) <= 16
+
+
+def test_decode_map_without_nil_parent_reads_it_as_none() -> None:
+    # {"type": "BlockStored", "block_hashes": [1], "token_ids": [4], "block_size": 1}
+    event = b"\x84\xa4type\xabBlockStored\xacblock_hashes\x91\x01\xa9token_ids\x91\x04"
+    event += b"\xaablock_size\x01"
+    counts = Counts()
+    batch = decode_batch(b"\x92\x01\x91" + event, counts)
+    assert batch is not None and batch.events == (BlockStored((1,), None, (4,), 1),)
