@@ -32,6 +32,7 @@ the text keys.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,14 @@ from router.core.policy import Policy
 from router.core.predictions import Predictions
 from router.core.ring import BoundedLoadRing, load_cap
 from router.core.scoring import SCORERS, Inputs
+
+# Above this many candidates only a shortlist is scored (``RoutingCore._shortlist``): the
+# deepest holders of the prefix (at most SHORTLIST_HOLDERS), SHORTLIST_SPARES of the least
+# loaded others, the session's engine and the ring home. Measured (bench/RESULTS.md): an
+# 8K-token decision at 256 engines costs about a third of scoring every engine.
+SHORTLIST_ABOVE = 12
+SHORTLIST_HOLDERS = 8
+SHORTLIST_SPARES = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +149,7 @@ class Lease:
     keys: tuple[int, ...]
     fresh: tuple[int, ...]  # of ``keys``, those the engine was not believed to hold: claimed
     session: str | None
+    sent_at: float = 0.0  # when the load was taken, to place it against engines' reports
 
 
 class RoutingCore:
@@ -259,22 +269,39 @@ class RoutingCore:
         src = {e: "approximate" if o else "none" for e, o in zip(cands, overlaps, strict=True)}
         if tokenized is not None and self.precise:
             self._precise_overlaps(keys, tokenized, cands, now, overlaps, src)
+        requests = self.loads.requests(cands, now)
+        tokens = self.loads.tokens(cands)
+        eligible = self._eligible(requests, tokens, prompt_tokens)
+        session_engine = self._sessions.get(session) if session is not None else None
+        unscored: list[str] = []
+        if p.picker == "max-score" and len(cands) > SHORTLIST_ABOVE:
+            keep = self._shortlist(cands, keys, overlaps, requests, eligible, seed, session_engine)
+            if len(keep) < len(cands):
+                kept = set(keep)
+                unscored = [e for i, e in enumerate(cands) if i not in kept]
+                cands = [cands[i] for i in keep]
+                overlaps = [overlaps[i] for i in keep]
+                requests = [requests[i] for i in keep]
+                tokens = [tokens[i] for i in keep]
+                eligible = [eligible[i] for i in keep]
         predicted = [0] * len(cands)
         if self.predictions:
             for i, e in enumerate(cands):
                 if overlaps[i]:
                     predicted[i] = self.predictions.count(e, keys[: overlaps[i]])
+        waiting, usage = self.loads.signals(cands, now)
         x = Inputs(
             candidates=cands,
             blocks=len(keys),
             overlaps=overlaps,
-            requests=self.loads.requests(cands),
-            tokens=self.loads.tokens(cands),
-            session_engine=self._sessions.get(session) if session is not None else None,
+            requests=requests,
+            tokens=tokens,
+            session_engine=session_engine,
             prompt_tokens=prompt_tokens,
             block_tokens=p.block_tokens,
+            waiting=waiting,
+            kv_usage=usage,
         )
-        eligible = self._eligible(x, prompt_tokens)
         scores = {s.type: SCORERS[s.type](s, x) for s in p.scorers}
         totals = [0.0] * len(cands)
         for s in p.scorers:
@@ -295,10 +322,46 @@ class RoutingCore:
             eligible=tuple(eligible),
             scores={k: tuple(v) for k, v in scores.items()},
             totals=tuple(totals),
-            fallbacks=tuple(cands[i] for i in order if cands[i] != engine),
+            fallbacks=(*(cands[i] for i in order if cands[i] != engine), *unscored),
             session=session,
             sources=tuple(src[e] for e in cands),
         )
+
+    def _shortlist(
+        self,
+        cands: Sequence[str],
+        keys: Sequence[int],
+        overlaps: Sequence[int],
+        requests: Sequence[int],
+        eligible: Sequence[bool],
+        seed: int,
+        session_engine: str | None,
+    ) -> list[int]:
+        """The candidates worth scoring, in candidate order: the deepest holders of the prefix,
+        the least loaded eligible engines, the session's engine and the ring home.
+
+        Every other candidate holds none of the prefix and carries more load than the spares,
+        so a scorer would rank it no better than they (unless the ring home's tie-break picks
+        it, hence the ring home). Replicas with the same view choose the same shortlist.
+        """
+        n = len(cands)
+        keep: set[int] = set()
+        holders = [i for i in range(n) if overlaps[i]]
+        if len(holders) > SHORTLIST_HOLDERS:
+            holders = heapq.nsmallest(
+                SHORTLIST_HOLDERS, holders, key=lambda i: (-overlaps[i], requests[i])
+            )
+        keep.update(holders)
+        free = [i for i in range(n) if eligible[i] and not overlaps[i]]
+        keep.update(heapq.nsmallest(SHORTLIST_SPARES, free, key=requests.__getitem__))
+        pos = {e: i for i, e in enumerate(cands)}
+        if session_engine is not None and session_engine in pos:
+            keep.add(pos[session_engine])
+        ring_key = keys[min(max(overlaps, default=0), len(keys) - 1)] if keys else seed
+        home = self.ring.home(ring_key, lambda e: e in pos and eligible[pos[e]])
+        if home is not None:
+            keep.add(pos[home])
+        return sorted(keep)
 
     def _precise_overlaps(
         self,
@@ -356,14 +419,16 @@ class RoutingCore:
             return home, reason
         return self._best(x, eligible, totals, ring_key), "best-score"
 
-    def _eligible(self, x: Inputs, prompt_tokens: int) -> list[bool]:
+    def _eligible(
+        self, requests: Sequence[int], tokens: Sequence[int], prompt_tokens: int
+    ) -> list[bool]:
         b = self.policy.bounded_load
         if b is None:
-            return [True] * len(x.candidates)
+            return [True] * len(requests)
         if b.metric == "requests":
-            loads, weight = x.requests, 1
+            loads, weight = requests, 1
         else:
-            loads, weight = x.tokens, max(1, prompt_tokens)
+            loads, weight = tokens, max(1, prompt_tokens)
         if not loads:
             return []
         # The least loaded engine always stays admissible: with token loads one request can
@@ -395,8 +460,8 @@ class RoutingCore:
         tokens = x.uncached(x.candidates.index(engine)) if engine in x.candidates else 0
         held = self.index.overlaps(d.keys, (engine,), now)[0] if d.keys else 0
         fresh = d.keys[held:]
-        lease = Lease(next(self._lease_ids), engine, tokens, d.keys, fresh, d.session)
-        self.loads.acquire(engine, tokens)
+        lease = Lease(next(self._lease_ids), engine, tokens, d.keys, fresh, d.session, now)
+        self.loads.acquire(engine, tokens, now)
         if d.keys:
             self.index.predict(engine, d.keys, now)
             self.predictions.claim(engine, fresh)
@@ -422,7 +487,7 @@ class RoutingCore:
         unconfirmed = self._leases.pop(lease.id, None)
         if unconfirmed is None:
             return
-        self.loads.release(lease.engine, lease.tokens)
+        self.loads.release(lease.engine, lease.tokens, lease.sent_at)
         if unconfirmed and lease.fresh:
             self.index.withdraw(lease.engine, self.predictions.withdraw(lease.engine, lease.fresh))
 

@@ -1,13 +1,22 @@
-"""In-flight load per engine: what this replica has sent, plus what its peers report.
+"""In-flight load per engine: what this replica has sent, what its peers report, and what the
+engines themselves report.
 
 The bounded-load cap and the load scorers must see the whole fleet's load, not one replica's
 share of it, so peers' figures (per origin, replaced wholesale by each report) are summed with
 the local counters. A peer that dies takes its figures with it.
+
+An engine's own report (``EngineReport``: requests running and waiting, KV cache in use, read
+from its /metrics) also sees work no router replica sent or knows of. It is blended with the
+router's figures so that its age neither double-counts nor forgets what was just sent: the
+engine's requests at the report's time T, minus this replica's requests that were in flight
+at T and have finished since, plus this replica's requests sent after T still in flight; never
+less than the router's own figure. A report older than ``stale_after`` seconds is ignored:
+the router's own figures stand alone, as they do for an engine that never reported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -22,28 +31,80 @@ class Load:
 ZERO = Load()
 
 
+@dataclass(frozen=True, slots=True)
+class EngineReport:
+    """What an engine says of itself: requests in its batch, requests queued, KV cache in use."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0  # from 0 to 1
+
+    @property
+    def requests(self) -> int:
+        return self.running + self.waiting
+
+
+# A report is trusted this long by default: a few scrape intervals of the gateway's default.
+DEFAULT_STALE_AFTER_S = 2.0
+
+
+class _Reported:
+    """An engine's last report and the local traffic since it was taken."""
+
+    __slots__ = ("at", "done", "report", "since")
+
+    def __init__(self, report: EngineReport, at: float, since: int) -> None:
+        self.report = report
+        self.at = at
+        self.since = since  # local requests sent after ``at``, still in flight
+        self.done = 0  # local requests in flight at ``at`` that have finished since
+
+
 class LoadBook:
     """Local in-flight counters per engine and the latest report from each peer."""
 
-    def __init__(self) -> None:
+    def __init__(self, stale_after: float = DEFAULT_STALE_AFTER_S) -> None:
+        self.stale_after = stale_after
         self._requests: dict[str, int] = {}
         self._tokens: dict[str, int] = {}
         self._remote: dict[str, Mapping[str, Load]] = {}
         # Sum of all peers' reports per engine, rebuilt when a report arrives, so that
         # reading a load on the routing path costs two dict lookups.
         self._remote_sum: dict[str, Load] = {}
+        # When each local request in flight was sent, per engine (to place it against a
+        # report's time), and the engines' own reports.
+        self._sent: dict[str, list[float]] = {}
+        self._reported: dict[str, _Reported] = {}
 
-    def acquire(self, engine: str, tokens: int) -> None:
+    def acquire(self, engine: str, tokens: int, now: float = 0.0) -> None:
+        """Count a request sent to ``engine`` at ``now`` with ``tokens`` to prefill."""
         self._requests[engine] = self._requests.get(engine, 0) + 1
         self._tokens[engine] = self._tokens.get(engine, 0) + tokens
+        self._sent.setdefault(engine, []).append(now)
+        r = self._reported.get(engine)
+        if r is not None and now > r.at:
+            r.since += 1
 
-    def release(self, engine: str, tokens: int) -> None:
-        """Give back what ``acquire`` took; counters never go below zero."""
+    def release(self, engine: str, tokens: int, sent_at: float = 0.0) -> None:
+        """Give back what ``acquire`` (at ``sent_at``) took; counters never go below zero."""
+        sent = self._sent.get(engine)
+        if sent:
+            try:
+                sent.remove(sent_at)
+            except ValueError:
+                sent.pop()
+            r = self._reported.get(engine)
+            if r is not None:
+                if sent_at > r.at:
+                    r.since = max(0, r.since - 1)
+                else:
+                    r.done += 1
         n = self._requests.get(engine, 0) - 1
         t = self._tokens.get(engine, 0) - tokens
         if n <= 0:
             self._requests.pop(engine, None)
             self._tokens.pop(engine, None)
+            self._sent.pop(engine, None)
         else:
             self._requests[engine] = n
             self._tokens[engine] = max(0, t)
@@ -54,12 +115,27 @@ class LoadBook:
     def local_all(self) -> dict[str, Load]:
         return {e: Load(n, self._tokens.get(e, 0)) for e, n in self._requests.items()}
 
-    def requests(self, engines: Iterable[str]) -> list[int]:
-        """Fleet-wide in-flight requests for each of ``engines``, in order."""
+    def requests(self, engines: Sequence[str], now: float | None = None) -> list[int]:
+        """Fleet-wide in-flight requests for each of ``engines``, in order.
+
+        With ``now``, engines' fresh reports are blended in (see the module docstring).
+        """
         loc, rem = self._requests, self._remote_sum
-        if not rem:
-            return [loc.get(e, 0) for e in engines]
-        return [loc.get(e, 0) + rem.get(e, ZERO).requests for e in engines]
+        if rem:
+            own = [loc.get(e, 0) + rem.get(e, ZERO).requests for e in engines]
+        else:
+            own = [loc.get(e, 0) for e in engines]
+        if now is None or not self._reported:
+            return own
+        reps, stale = self._reported, self.stale_after
+        for i, e in enumerate(engines):
+            r = reps.get(e)
+            if r is not None and now - r.at <= stale:
+                rep = r.report
+                blended = rep.running + rep.waiting - r.done + r.since
+                if blended > own[i]:
+                    own[i] = blended
+        return own
 
     def tokens(self, engines: Iterable[str]) -> list[int]:
         """Fleet-wide in-flight prompt tokens for each of ``engines``, in order."""
@@ -73,6 +149,40 @@ class LoadBook:
         return Load(
             self._requests.get(engine, 0) + r.requests, self._tokens.get(engine, 0) + r.tokens
         )
+
+    def engine_report(self, engine: str, report: EngineReport, at: float) -> None:
+        """``engine``'s own figures as they were at ``at`` (when the scrape was sent)."""
+        since = sum(1 for t in self._sent.get(engine, ()) if t > at)
+        self._reported[engine] = _Reported(report, at, since)
+
+    def reporting_engines(self) -> tuple[str, ...]:
+        """Engines with a report, fresh or stale."""
+        return tuple(self._reported)
+
+    def drop_engine_report(self, engine: str) -> None:
+        """Forget ``engine``'s report (it left, or stopped reporting)."""
+        self._reported.pop(engine, None)
+
+    def reported(self, engine: str, now: float) -> EngineReport | None:
+        """``engine``'s last report if it is fresh at ``now``, else None."""
+        r = self._fresh(engine, now)
+        return None if r is None else r.report
+
+    def _fresh(self, engine: str, now: float) -> _Reported | None:
+        r = self._reported.get(engine)
+        return None if r is None or now - r.at > self.stale_after else r
+
+    def signals(self, engines: Sequence[str], now: float) -> tuple[list[int], list[float]]:
+        """Per engine, in order: requests waiting inside it and its KV cache use (0 unknown)."""
+        if not self._reported:
+            return [0] * len(engines), [0.0] * len(engines)
+        waiting: list[int] = []
+        usage: list[float] = []
+        for e in engines:
+            r = self._fresh(e, now)
+            waiting.append(r.report.waiting if r is not None else 0)
+            usage.append(r.report.kv_usage if r is not None else 0.0)
+        return waiting, usage
 
     def report(self, origin: str, loads: Mapping[str, Load]) -> None:
         """Replace peer ``origin``'s figures with its latest report."""

@@ -52,6 +52,12 @@ class Scorer:
     header: str = "x-session-id"
     user_field: bool = True
     max_sessions: int = 100_000
+    # ttft-estimate: prefill-token equivalents charged per request queued inside the engine
+    # and per request in its batch, and the KV cache use above which cached overlap is
+    # discounted (a full cache evicts the prefix the router is counting on).
+    wait_tokens: int = 2048
+    running_tokens: int = 128
+    kv_pressure: float = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +95,7 @@ class Policy:
 
 
 # The scorers a policy may name; ``router.core.scoring`` implements each.
-SCORER_TYPES = ("prefix-overlap", "prefill-cost", "load", "session-affinity")
+SCORER_TYPES = ("prefix-overlap", "prefill-cost", "ttft-estimate", "load", "session-affinity")
 
 
 class _Fields(Fields):
@@ -114,6 +120,14 @@ def _scorer(f: _Fields) -> Scorer:
             header=f.text("header", "x-session-id").lower(),
             user_field=f.flag("user_field", True),
             max_sessions=f.integer("max_sessions", 100_000, 1, 10_000_000),
+        )
+    elif type_ == "ttft-estimate":
+        s = Scorer(
+            type_,
+            weight,
+            wait_tokens=f.integer("wait_tokens", 2048, 0, 10_000_000),
+            running_tokens=f.integer("running_tokens", 128, 0, 10_000_000),
+            kv_pressure=f.number("kv_pressure", 0.9, 0.0, 1.0),
         )
     else:
         s = Scorer(type_, weight)

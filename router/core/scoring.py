@@ -26,6 +26,9 @@ class Inputs:
     session_engine: str | None  # where this request's session went last, if known
     prompt_tokens: int = 0
     block_tokens: int = 1
+    # Engine-reported, blended into ``requests`` already; empty or 0 where nothing is known.
+    waiting: Sequence[int] = ()  # requests queued inside the engine
+    kv_usage: Sequence[float] = ()  # share of its KV cache in use, from 0 to 1
 
     def uncached(self, i: int) -> int:
         """Prompt tokens candidate ``i`` would have to prefill (the part it does not hold)."""
@@ -75,8 +78,40 @@ def prefill_cost(_s: Scorer, x: Inputs) -> list[float]:
     return [1.0 - c / top for c in costs]
 
 
+def ttft_estimate(s: Scorer, x: Inputs) -> list[float]:
+    """Estimated time to first token, in prefill tokens, from everything that delays it.
+
+    Per candidate: the uncached prompt tokens queued on it (in flight from the routers), this
+    prompt's uncached part, ``wait_tokens`` per request queued inside the engine and
+    ``running_tokens`` per request in its batch (both engine-reported where fresh), with the
+    cached overlap discounted linearly from full at ``kv_pressure`` KV use to none at a full
+    cache. 1 for the cheapest candidate, falling linearly to 0 at the dearest. A hot prefix
+    stays on its engines while the prefill it saves exceeds their queues, and spreads (one
+    extra prefill) once they are saturated.
+    """
+    n = len(x.candidates)
+    pt, bt = x.prompt_tokens, x.block_tokens
+    waiting = x.waiting or [0] * n
+    usage = x.kv_usage or [0.0] * n
+    wt, rt, knee = s.wait_tokens, s.running_tokens, s.kv_pressure
+    costs = []
+    for i in range(n):
+        cached = x.overlaps[i] * bt
+        u = usage[i]
+        if cached and u > knee:
+            cached = int(cached * max(0.0, 1.0 - u) / (1.0 - knee))
+        w = waiting[i]
+        running = max(0, x.requests[i] - w)
+        costs.append(x.tokens[i] + max(0, pt - cached) + wt * w + rt * running)
+    top = max(costs, default=0)
+    if top <= 0:
+        return [1.0] * n
+    return [1.0 - c / top for c in costs]
+
+
 SCORERS: dict[str, ScoreFn] = {
     "prefill-cost": prefill_cost,
+    "ttft-estimate": ttft_estimate,
     "prefix-overlap": prefix_overlap,
     "load": load,
     "session-affinity": session_affinity,

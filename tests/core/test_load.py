@@ -1,0 +1,99 @@
+"""Load accounting: the router's own in-flight figures blended with the engines' reports."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from router.core.load import EngineReport, Load, LoadBook
+
+E = "e"
+
+
+def test_loadbook_no_report_own_figures() -> None:
+    book = LoadBook()
+    book.acquire(E, 100, now=1.0)
+    assert book.requests([E], now=2.0) == [1]
+    assert book.signals([E], now=2.0) == ([0], [0.0])
+
+
+def test_loadbook_report_sees_work_the_router_did_not_send() -> None:
+    book = LoadBook()
+    book.engine_report(E, EngineReport(running=3, waiting=50, kv_usage=0.5), at=1.0)
+    assert book.requests([E], now=1.2) == [53]
+    assert book.signals([E], now=1.2) == ([50], [0.5])
+    assert book.requests([E]) == [0]  # without a time: the router's own figure
+
+
+def test_loadbook_sent_after_report_added_not_double_counted() -> None:
+    book = LoadBook()
+    book.acquire(E, 10, now=0.5)  # in flight when the scrape is taken: the engine counts it
+    book.engine_report(E, EngineReport(running=4), at=1.0)
+    assert book.requests([E], now=1.1) == [4]
+    book.acquire(E, 10, now=1.2)  # sent after the scrape: the report cannot know it
+    book.acquire(E, 10, now=1.3)
+    assert book.requests([E], now=1.4) == [6]
+    book.release(E, 10, sent_at=1.2)
+    assert book.requests([E], now=1.5) == [5]
+    book.release(E, 10, sent_at=0.5)  # was in the report, has finished since
+    assert book.requests([E], now=1.6) == [4]
+
+
+def test_loadbook_never_below_own_in_flight() -> None:
+    book = LoadBook()
+    for t in (0.1, 0.2, 0.3):
+        book.acquire(E, 1, now=t)
+    book.engine_report(E, EngineReport(running=0), at=1.0)  # it has not seen them arrive yet
+    assert book.requests([E], now=1.1) == [3]
+
+
+def test_loadbook_report_with_peer_load_never_below_fleet_figure() -> None:
+    book = LoadBook()
+    book.report("peer", {E: Load(5, 50)})
+    book.engine_report(E, EngineReport(running=2), at=1.0)
+    assert book.requests([E], now=1.0) == [5]
+
+
+def test_loadbook_stale_report_falls_back() -> None:
+    book = LoadBook(stale_after=2.0)
+    book.engine_report(E, EngineReport(running=1, waiting=40, kv_usage=0.9), at=1.0)
+    assert book.requests([E], now=3.0) == [41]
+    assert book.requests([E], now=3.01) == [0]
+    assert book.reported(E, 3.01) is None
+    assert book.signals([E], now=3.01) == ([0], [0.0])
+
+
+def test_loadbook_drop_engine_report_forgets_it() -> None:
+    book = LoadBook()
+    book.engine_report(E, EngineReport(running=9), at=1.0)
+    assert book.reporting_engines() == (E,)
+    book.drop_engine_report(E)
+    assert book.reporting_engines() == () and book.requests([E], now=1.0) == [0]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["acquire", "release", "report"]), st.integers(0, 20)),
+        max_size=60,
+    )
+)
+def test_loadbook_blend_bounded_by_own_and_report(ops: list[tuple[str, int]]) -> None:
+    """Whatever the order: own <= blended <= report + own, and nothing leaks after release."""
+    book = LoadBook(stale_after=1e9)
+    sent: list[float] = []
+    last: EngineReport | None = None
+    for step, (op, n) in enumerate(ops):
+        now = float(step)
+        if op == "acquire":
+            book.acquire(E, n, now)
+            sent.append(now)
+        elif op == "release" and sent:
+            book.release(E, n, sent.pop(n % len(sent)))
+        elif op == "report":
+            last = EngineReport(running=n, waiting=n // 3)
+            book.engine_report(E, last, now)
+        blended = book.requests([E], now)[0]
+        assert len(sent) <= blended <= (last.requests if last else 0) + len(sent)
+    for t in list(sent):
+        book.release(E, 0, t)
+    assert book.local(E) == Load()
