@@ -122,6 +122,7 @@ class FakeEngine:
     down: bool = False  # every call fails to connect
     failing: int = 0  # when set, every request is answered with this status (an engine bug)
     cached: int = 0
+    metrics: tuple[int, bytes] = (404, b"")  # what GET /metrics answers
     scripts: deque[Script] = field(default_factory=deque)
     requests: list[UpstreamRequest] = field(default_factory=list)
 
@@ -183,6 +184,8 @@ class FakeUpstream:
         if path == "/v1/models":
             cards = [{"id": m, "object": "model", "owned_by": "fake"} for m in engine.models]
             return 200, orjson.dumps({"object": "list", "data": cards})
+        if path == "/metrics":
+            return engine.metrics
         return engine.health_status, b""
 
     async def close(self) -> None:

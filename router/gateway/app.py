@@ -4,8 +4,8 @@
 metrics); each generation request is one ``Exchange`` (router.gateway.exchange) over them.
 ``build_app`` serves it: the OpenAI routes, the probes Kubernetes needs,
 ``/metrics``, and admin endpoints behind a bearer token. Every background loop (health probes,
-model lists, DNS, the policy watcher) is started and stopped by a ``cleanup_ctx``, so the app's
-shutdown cancels and awaits all of them.
+model lists, DNS, the policy watcher, the engines' /metrics scraper) is started and stopped by a
+``cleanup_ctx``, so the app's shutdown cancels and awaits all of them.
 
 Build a ``Gateway`` inside a running event loop (its upstream opens an aiohttp session).
 
@@ -33,10 +33,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from router.core.decision import RoutingCore
-from router.core.load import Load
+from router.core.load import EngineReport, Load
 from router.core.policy import Policy
 from router.core.retry_budget import BudgetRules, RetryBudget
 from router.gateway.config import Config
+from router.gateway.engine_metrics import EngineMetricsScraper
 from router.gateway.engines import EnginePool, Resolver, resolve_dns
 from router.gateway.errors import (
     NotFound,
@@ -103,6 +104,7 @@ class Gateway:
                 index_entries=lambda: len(self.core.index),
                 gossip_peers=lambda: self.gossip_peers(),
                 gossip=lambda: self.gossip_samples(),
+                engine_reports=self._engine_reports,
                 queue_depth=lambda: self.admission.depth(),
             )
         )
@@ -113,6 +115,17 @@ class Gateway:
             self._set_engines,
             clock=clock,
             resolver=resolver,
+        )
+        # The engines' own load, blended into the core's LoadBook (router.core.load).
+        em = config.engine_metrics
+        self.core.loads.stale_after = em.stale_after_seconds
+        self.engine_metrics = EngineMetricsScraper(
+            em,
+            self.upstream,
+            lambda: [url for url, b in self.pool.engines.items() if b.healthy],
+            self.core.loads.engine_report,
+            clock=clock,
+            count=lambda result: self.metrics.engine_scrapes.labels(result).inc(),
         )
         # Admin endpoints exist only when the token's variable is set (read once, at start).
         self.admin_token: str | None = environ.get(config.admin_token_env) or None
@@ -148,12 +161,22 @@ class Gateway:
     def _set_engines(self, weights: Mapping[str, int]) -> None:
         self.core.set_engines(weights)
         self.metrics.forget_engines(weights)
+        for url in self.core.loads.reporting_engines():
+            if url not in weights:
+                self.core.loads.drop_engine_report(url)
 
     def _engine_health(self) -> Iterable[tuple[str, bool]]:
         return [(url, b.healthy) for url, b in self.pool.engines.items()]
 
     def _local_load(self, engine: str) -> Load:
         return self.core.loads.local(engine)
+
+    def _engine_reports(self) -> Iterable[tuple[str, EngineReport]]:
+        now = self.clock()
+        for url in self.pool.engines:
+            report = self.core.loads.reported(url, now)
+            if report is not None:
+                yield url, report
 
     def ready(self) -> tuple[bool, str]:
         """Readiness and why: a policy is loaded and at least one engine is healthy."""
@@ -340,6 +363,7 @@ def build_app(gw: Gateway) -> web.Application:
     app.cleanup_ctx.append(_task_ctx("model-lists", lambda g: g.pool.models_loop))
     app.cleanup_ctx.append(_task_ctx("dns-discovery", lambda g: g.pool.dns_loop))
     app.cleanup_ctx.append(_task_ctx("policy-watcher", lambda g: g.watcher.run))
+    app.cleanup_ctx.append(_task_ctx("engine-metrics", lambda g: g.engine_metrics.run))
     app.cleanup_ctx.append(_task_ctx("flow-control", lambda g: g.admission.pump_loop))
     app.add_routes([web.post(route, _generation(route)) for route in PROMPT_FIELD])
     app.add_routes(

@@ -17,8 +17,12 @@ The file's shape is shared with the Helm chart, so its names are a contract::
     limits: {max_body_bytes: 16777216, max_attempts: 3, retry_budget_percent: 20,
              retry_backoff_seconds: 0.025}
     admin_token_env: KVROUTER_ADMIN_TOKEN
+    engine_metrics: {enabled: true, interval_seconds: 0.5, timeout_seconds: 0.25,
+                     stale_after_intervals: 4,
+                     names: {running: [...], waiting: [...], kv_usage: [...]}}
     flow_control: {enabled: true, max_queue: 1024, max_wait_seconds: 30,
-                   max_inflight_per_engine: 0, tenant_header: x-kvrouter-tenant,
+                   max_inflight_per_engine: 0, priority_reserve: 0,
+                   tenant_header: x-kvrouter-tenant,
                    priority_header: x-kvrouter-priority, retry_after_seconds: 1}
     gossip: {enabled: false, port: 7946, dns: "", peers: [], secret_env: KVROUTER_GOSSIP_SECRET,
              tls: {cert_file: "", key_file: "", ca_file: ""}, advertise: "", node_id: "",
@@ -170,11 +174,60 @@ class FlowControl:
     # In-flight requests (all replicas) at which an engine counts as full; 0: no cap, an
     # engine is full only when its own metrics say it queues (see router.gateway.flow).
     max_inflight_per_engine: int = 0
+    # Of those, slots per engine only requests of priority below 0 may take: urgent traffic
+    # finds a free slot instead of waiting for one (needs max_inflight_per_engine).
+    priority_reserve: int = 0
     # Who a request belongs to, for fairness: this header, else the API key, else ``user``.
     tenant_header: str = "x-kvrouter-tenant"
     # Overrides the body's ``priority`` (vLLM's meaning: lower is served first).
     priority_header: str = "x-kvrouter-priority"
     retry_after_seconds: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class MetricNames:
+    """Which /metrics series carry an engine's load (router.gateway.engine_metrics).
+
+    For each figure the first name an engine exports is used; samples of it under several
+    label sets (model_name, a data-parallel rank's engine="0") are summed (KV use: the
+    highest). The defaults cover vLLM (and its older KV name), SGLang and llama.cpp.
+    """
+
+    running: tuple[str, ...] = (
+        "vllm:num_requests_running",
+        "sglang:num_running_reqs",
+        "llamacpp:requests_processing",
+    )
+    waiting: tuple[str, ...] = (
+        "vllm:num_requests_waiting",
+        "sglang:num_queue_reqs",
+        "llamacpp:requests_deferred",
+    )
+    kv_usage: tuple[str, ...] = (
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "sglang:token_usage",
+        "llamacpp:kv_cache_usage_ratio",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    """Scraping the engines' own load from their Prometheus /metrics."""
+
+    enabled: bool = True
+    # vLLM refreshes its gauges every scheduler step; half a second keeps a report younger
+    # than a typical prefill while costing each engine two small GETs a second.
+    interval_seconds: float = 0.5
+    # A scrape slower than this is dropped (the last report ages out instead of blocking).
+    timeout_seconds: float = 0.25
+    # A report older than this many intervals is ignored: the router's own figures stand.
+    stale_after_intervals: int = 4
+    names: MetricNames = field(default_factory=MetricNames)
+
+    @property
+    def stale_after_seconds(self) -> float:
+        return self.interval_seconds * self.stale_after_intervals
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +243,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     admin_token_env: str = "KVROUTER_ADMIN_TOKEN"
     gossip: Gossip = field(default_factory=Gossip)
+    engine_metrics: EngineMetrics = field(default_factory=EngineMetrics)
     flow_control: FlowControl = field(default_factory=FlowControl)
 
 
@@ -342,9 +396,38 @@ def _flow_control(f: _Fields | None) -> FlowControl:
         max_queue=f.integer("max_queue", 1024, 0, 1_000_000),
         max_wait_seconds=_seconds(f, "max_wait_seconds", 30.0, 0.0),
         max_inflight_per_engine=f.integer("max_inflight_per_engine", 0, 0, 1_000_000),
+        priority_reserve=f.integer("priority_reserve", 0, 0, 1_000_000),
         tenant_header=f.text("tenant_header", "x-kvrouter-tenant"),
         priority_header=f.text("priority_header", "x-kvrouter-priority"),
         retry_after_seconds=f.integer("retry_after_seconds", 1, 1, 3600),
+    )
+    f.done()
+    return out
+
+
+def _metric_names(f: _Fields | None) -> MetricNames:
+    d = MetricNames()
+    if f is None:
+        return d
+    out = MetricNames(
+        **{
+            key: tuple(f.texts(key)) if f.has(key) else getattr(d, key)
+            for key in ("running", "waiting", "kv_usage")
+        }
+    )
+    f.done()
+    return out
+
+
+def _engine_metrics(f: _Fields | None) -> EngineMetrics:
+    if f is None:
+        return EngineMetrics()
+    out = EngineMetrics(
+        enabled=f.flag("enabled", True),
+        interval_seconds=_seconds(f, "interval_seconds", 0.5),
+        timeout_seconds=_seconds(f, "timeout_seconds", 0.25),
+        stale_after_intervals=f.integer("stale_after_intervals", 4, 1, 1000),
+        names=_metric_names(f.sub("names")),
     )
     f.done()
     return out
@@ -406,6 +489,7 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
         limits=_limits(f.sub("limits")),
         admin_token_env=token_env,
         gossip=_gossip(f.sub("gossip")),
+        engine_metrics=_engine_metrics(f.sub("engine_metrics")),
         flow_control=_flow_control(f.sub("flow_control")),
     )
     f.done()

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from router.core.load import Load
+from router.core.load import EngineReport, Load
 
 if TYPE_CHECKING:
     from router.gossip import Sample
@@ -71,6 +71,8 @@ class FleetView:
     gossip_peers: Callable[[], Mapping[str, int]] = lambda: {"alive": 0}
     # The gossip node's other series (none while gossip is off).
     gossip: Callable[[], Iterable[Sample]] = lambda: ()
+    # Engines' fresh reports of their own load (router.gateway.engine_metrics).
+    engine_reports: Callable[[], Iterable[tuple[str, EngineReport]]] = lambda: ()
     # Requests waiting in the flow-control queue, by priority.
     queue_depth: Callable[[], Mapping[int, int]] = lambda: {}
 
@@ -118,6 +120,20 @@ class _FleetCollector(Collector):
         )
         for state, n in sorted(v.gossip_peers().items()):
             peers.add_metric([state], n)
+        reported = GaugeMetricFamily(
+            "kvrouter_backend_reported_requests",
+            "Requests each engine reports in its batch (running) and queued (waiting).",
+            labels=["backend", "state"],
+        )
+        kv = GaugeMetricFamily(
+            "kvrouter_backend_kv_usage",
+            "Share of its KV cache each engine reports in use, from 0 to 1.",
+            labels=["backend"],
+        )
+        for url, rep in v.engine_reports():
+            reported.add_metric([url, "running"], rep.running)
+            reported.add_metric([url, "waiting"], rep.waiting)
+            kv.add_metric([url], rep.kv_usage)
         depth = GaugeMetricFamily(
             "kvrouter_queue_depth",
             "Requests waiting in the flow-control queue, by priority.",
@@ -125,7 +141,17 @@ class _FleetCollector(Collector):
         )
         for prio, n in sorted(v.queue_depth().items()):
             depth.add_metric([str(prio)], n)
-        return [reqs, toks, healthy, blocks, peers, depth, *_gossip_families(v.gossip())]
+        return [
+            reqs,
+            toks,
+            healthy,
+            blocks,
+            peers,
+            reported,
+            kv,
+            depth,
+            *_gossip_families(v.gossip()),
+        ]
 
 
 def _gossip_families(series: Iterable[Sample]) -> list[Metric]:
@@ -234,6 +260,14 @@ class Metrics:
             "Retries not made because the retry budget was spent.",
             registry=r,
         )
+        self.engine_scrapes = Counter(
+            "kvrouter_engine_scrapes",
+            "Scrapes of the engines' /metrics, by result (ok, error, status, parse_error).",
+            ["result"],
+            registry=r,
+        )
+        for result in ("ok", "error", "status", "parse_error"):
+            self.engine_scrapes.labels(result)
         r.register(_FleetCollector(view))
         self._codes: dict[str, set[str]] = {}
 
