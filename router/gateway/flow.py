@@ -7,7 +7,8 @@ queue at once), or ``max_wait_seconds`` pass. A full queue or too long a wait is
 ``Retry-After`` in the OpenAI shape, never a 5xx.
 
 An engine has room while its in-flight requests (every replica's, from the core's load book)
-are under ``max_inflight_per_engine``, when that is set, and while nothing says it is full
+are under ``max_inflight_per_engine``, when that is set (less ``priority_reserve`` for requests
+of priority 0 and above, so urgent ones find a free slot), and while nothing says it is full
 (``engine_full``: the engine's own metrics, e.g. requests waiting inside it). With neither
 signal, flow control never holds a request back.
 
@@ -107,9 +108,11 @@ class Admission:
     def depth(self) -> dict[int, int]:
         return self._queue.depth()
 
-    def room(self, candidates: Sequence[str]) -> float:
-        """Requests ``candidates`` can still take (inf: no limit applies)."""
+    def room(self, candidates: Sequence[str], priority: int = 0) -> float:
+        """Requests of ``priority`` that ``candidates`` can still take (inf: no limit applies)."""
         cap = self.rules.max_inflight_per_engine
+        if cap and priority >= 0:
+            cap = max(1, cap - self.rules.priority_reserve)
         total = 0.0
         for e in candidates:
             if self._engine_full(e):
@@ -123,7 +126,7 @@ class Admission:
         """Return when the request may go; raises ``TooBusy`` (429) when it may not."""
         m = self._metrics
         if not self.rules.enabled or (
-            not self._queue and not self._pending and self.room(candidates) > 0
+            not self._queue and not self._pending and self.room(candidates, priority) > 0
         ):
             m.admitted.labels("immediate").inc()
             return
@@ -177,7 +180,7 @@ class Admission:
             if fut.done():  # timed out or cancelled meanwhile; its own handler removes it
                 self._queue.remove(head)
                 continue
-            if self.room(candidates) - self._pending <= 0:
+            if self.room(candidates, head.priority) - self._pending <= 0:
                 return
             self._queue.pop()
             self._pending += 1
