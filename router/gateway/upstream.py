@@ -1,11 +1,18 @@
 """The one seam between the gateway and the engines: ``Upstream``.
 
 Everything the gateway sends to an engine (proxied requests, health probes, model lists) goes
-through an ``Upstream``. ``AiohttpUpstream`` is the real one: one pooled keep-alive
-``ClientSession`` for all engines, TCP_NODELAY on every socket (a streamed token must not wait
-for Nagle's algorithm), no decompression (bytes are relayed as the engine sent them). Tests swap
-in ``tests.fakes.FakeUpstream``. aiohttp's exceptions are mapped to ``router.gateway.errors`` here,
-in one place, so nothing above this module knows aiohttp's client.
+through an ``Upstream``. ``AiohttpUpstream`` is the real one: HTTP/1.1 over pooled keep-alive
+connections, TCP_NODELAY on every socket (a streamed token must not wait for Nagle's
+algorithm), bytes relayed as the engine sent them (no decompression). Tests swap in
+``tests.fakes.FakeUpstream``. Failures become ``router.gateway.errors`` classes here, in one
+place, so nothing above this module knows sockets or HTTP framing.
+
+The wire is this module's own, in two layers. ``ResponseParser`` is HTTP/1.1 response framing
+with no I/O (bytes in; the head, then body bytes, then the end), tested one byte at a time.
+``_Connection`` moves bytes between a socket and a parser, one request at a time. aiohttp's
+client did this job before and took a quarter to a third of the gateway's CPU per streamed
+request (bench/RESULTS.md): a request, a status line and a few chunks need no session, cookie
+jar, tracing, redirects or per-request tasks.
 
 Timeouts other than connecting belong to the caller: the proxy knows whether it is waiting
 for a first byte or in the middle of a stream.
@@ -14,17 +21,19 @@ for a first byte or in the middle of a stream.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import re
 import socket
-from collections.abc import Iterator, Sequence
+import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
+from urllib.parse import urlsplit
 
-import aiohttp
 from aiohappyeyeballs import AddrInfoType
-from multidict import MultiMapping
+from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
 
 from router.gateway.errors import (
+    BadRequest,
     UpstreamConnectError,
     UpstreamDropped,
     UpstreamError,
@@ -36,6 +45,15 @@ MAX_FETCH_BYTES = 4 * 1024 * 1024
 # Idle pooled connections are closed after this long: shorter than common engine keep-alive
 # timeouts (uvicorn 5 s is the shortest in use), so the engine never closes one under us first.
 KEEPALIVE_SECONDS = 4.0
+# An engine's addresses are looked up again after this long (DNS may move an engine).
+DNS_TTL_SECONDS = 10.0
+# A response head (status line and headers) or a chunk's trailers larger than this is refused.
+MAX_HEAD_BYTES = 64 * 1024
+# A chunk-size line (hex size and extensions) longer than this is refused.
+MAX_CHUNK_LINE_BYTES = 4096
+# Body bytes buffered unread before the connection stops reading (the engine then waits): a
+# client reading slowly holds back its engine instead of filling the gateway's memory.
+READ_HIGH_WATER_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +77,8 @@ class UpstreamResponse(Protocol):
     def headers(self) -> MultiMapping[str]: ...
 
     async def read_chunk(self) -> bytes:
-        """The next bytes as they arrive, b"" at the end; raises ``UpstreamDropped``."""
+        """The body bytes that have arrived (all of them, at least one), b"" at the end;
+        raises ``UpstreamDropped``."""
         ...
 
     def finished(self) -> bool:
@@ -92,7 +111,7 @@ class Upstream(Protocol):
 
 
 def nodelay_socket(addr_info: AddrInfoType) -> socket.socket:
-    """A socket for the connector, with TCP_NODELAY set whatever the library's default is."""
+    """A socket for a connection to an engine, with TCP_NODELAY set whatever the default is."""
     family, type_, proto, _, _ = addr_info
     sock = socket.socket(family=family, type=type_, proto=proto)
     if family in (socket.AF_INET, socket.AF_INET6):
@@ -100,99 +119,619 @@ def nodelay_socket(addr_info: AddrInfoType) -> socket.socket:
     return sock
 
 
-@contextlib.contextmanager
-def _mapped(engine: str, connecting: bool) -> Iterator[None]:
-    """aiohttp client exceptions -> the gateway's ``UpstreamError`` classes."""
-    try:
-        yield
-    except UpstreamError:
-        raise
-    except aiohttp.ClientConnectorError as e:
-        raise UpstreamConnectError(f"cannot connect to {engine}: {e.os_error}", engine) from e
-    except (aiohttp.ConnectionTimeoutError, aiohttp.SocketTimeoutError) as e:
-        raise UpstreamConnectError(f"connecting to {engine} timed out", engine) from e
-    except aiohttp.ClientPayloadError as e:
-        raise UpstreamDropped(f"{engine} broke off its response: {e}", engine) from e
-    except (aiohttp.ClientError, OSError) as e:
-        where = "before answering" if connecting else "while answering"
-        what = type(e).__name__
-        raise UpstreamDropped(f"{engine} closed the connection {where} ({what})", engine) from e
+# -- HTTP/1.1 response framing, no I/O ------------------------------------------------------
+
+
+class WireError(ValueError):
+    """The bytes are not an HTTP/1.1 response this client can read (RFC 9112)."""
+
+
+_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n]*)?")
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?")
+_DIGITS = re.compile(r"[0-9]{1,18}")
+
+
+class ResponseParser:
+    """One HTTP/1.1 response, fed as bytes in whatever pieces they arrive.
+
+    After ``feed``: ``status`` and ``headers`` once the head is complete (interim 1xx heads are
+    skipped), decoded body bytes waiting in ``body`` (the caller takes them and clears the
+    list), ``complete`` once the message ended. ``eof`` says the connection closed, which ends
+    a body framed by the close and breaks any other. ``reusable`` tells whether the connection
+    can carry another request. Malformed input raises ``WireError`` saying what was wrong.
+    """
+
+    __slots__ = (
+        "_left",
+        "_pending",
+        "_state",
+        "body",
+        "buffered",
+        "complete",
+        "headers",
+        "reusable",
+        "status",
+    )
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.headers: CIMultiDictProxy[str] | None = None
+        self.body: list[bytes] = []
+        self.buffered = 0  # bytes in ``body``, kept by the caller as it takes them
+        self.complete = False
+        self.reusable = False
+        self._state = _HEAD
+        self._left = 0  # body or chunk bytes still to come
+        self._pending = b""  # an unfinished head, size line or terminator
+
+    def feed(self, data: bytes) -> None:
+        """Consume ``data``; raises ``WireError``."""
+        if self._pending:
+            data = self._pending + data
+            self._pending = b""
+        pos, end = 0, len(data)
+        while pos < end:
+            state = self._state
+            if state in (_CHUNK_DATA, _LENGTH):
+                take = min(self._left, end - pos)
+                piece = data if take == end else data[pos : pos + take]
+                self.body.append(piece)
+                self.buffered += take
+                self._left -= take
+                pos += take
+                if not self._left:
+                    if state == _LENGTH:
+                        self._finish()
+                    else:
+                        self._state = _CHUNK_END
+            elif state == _CHUNK_END:
+                if end - pos < 2:
+                    self._pending = data[pos:]
+                    return
+                if data[pos : pos + 2] != b"\r\n":
+                    raise WireError("a chunk's data does not end with CRLF")
+                pos += 2
+                self._state = _CHUNK_SIZE
+            elif state == _CHUNK_SIZE:
+                eol = data.find(b"\r\n", pos, pos + MAX_CHUNK_LINE_BYTES + 2)
+                if eol < 0:
+                    if end - pos > MAX_CHUNK_LINE_BYTES:
+                        raise WireError(f"a chunk-size line is over {MAX_CHUNK_LINE_BYTES} bytes")
+                    self._pending = data[pos:]
+                    return
+                self._left = _chunk_size(data[pos:eol])
+                pos = eol + 2
+                self._state = _CHUNK_DATA if self._left else _TRAILERS
+            elif state == _HEAD:
+                eoh = data.find(b"\r\n\r\n", pos, pos + MAX_HEAD_BYTES + 4)
+                if eoh < 0:
+                    if end - pos > MAX_HEAD_BYTES:
+                        raise WireError(f"the response head is over {MAX_HEAD_BYTES} bytes")
+                    self._pending = data[pos:]
+                    return
+                self._head(data[pos:eoh])
+                pos = eoh + 4
+            elif state == _TRAILERS:
+                if data.startswith(b"\r\n", pos):
+                    pos += 2
+                    self._finish()
+                    continue
+                eot = data.find(b"\r\n\r\n", pos, pos + MAX_HEAD_BYTES + 4)
+                if eot < 0:
+                    if end - pos > MAX_HEAD_BYTES:
+                        raise WireError(f"the trailers are over {MAX_HEAD_BYTES} bytes")
+                    self._pending = data[pos:]
+                    return
+                pos = eot + 4  # trailer fields are not relayed
+                self._finish()
+            elif state == _UNTIL_CLOSE:
+                self.body.append(data if pos == 0 else data[pos:])
+                self.buffered += end - pos
+                return
+            else:  # _DONE: bytes after the end of the response it was asked for
+                self.reusable = False
+                return
+
+    def eof(self) -> None:
+        """The connection closed; raises ``WireError`` if the response was not complete."""
+        if self._state == _UNTIL_CLOSE:
+            self._finish()
+        elif not self.complete:
+            where = "before its head ended" if self.headers is None else "in the middle of the body"
+            raise WireError(f"the connection closed {where}")
+
+    def _finish(self) -> None:
+        self._state = _DONE
+        self.complete = True
+
+    def _head(self, raw: bytes) -> None:
+        lines = raw.split(b"\r\n")
+        m = _STATUS_LINE.fullmatch(lines[0])
+        if m is None:
+            raise WireError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+        status = int(m[2])
+        if status == 101:
+            raise WireError("the engine switched protocols, which was never asked for")
+        if status < 200:
+            return  # an interim response (100 Continue, 103 Early Hints): the real one follows
+        headers: CIMultiDict[str] = CIMultiDict()
+        for line in lines[1:]:
+            name, colon, value = line.partition(b":")
+            if not colon or _TOKEN.fullmatch(name) is None:
+                raise WireError(f"not a header line: {line[:80]!r}")
+            headers.add(
+                name.decode("ascii"), value.strip(b" \t").decode("utf-8", "surrogateescape")
+            )
+        self.status = status
+        self.headers = CIMultiDictProxy(headers)
+        connection = {
+            t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(",")
+        }
+        keep = m[1] == b"1" and "close" not in connection
+        codings = [
+            t.strip().lower() for v in headers.getall("Transfer-Encoding", ()) for t in v.split(",")
+        ]
+        if status in (204, 304):
+            self.reusable = keep
+            self._finish()
+        elif codings:
+            if codings[-1] == "chunked":
+                # With both Transfer-Encoding and Content-Length the message is suspect
+                # (RFC 9112 section 6.3): read it by its chunks, then close the connection.
+                self.reusable = keep and "Content-Length" not in headers
+                self._state = _CHUNK_SIZE
+            else:
+                self._state = _UNTIL_CLOSE
+        elif "Content-Length" in headers:
+            self._left = _content_length(headers.getall("Content-Length"))
+            self.reusable = keep
+            self._state = _LENGTH
+            if not self._left:
+                self._finish()
+        else:
+            self._state = _UNTIL_CLOSE
+
+
+def _chunk_size(line: bytes) -> int:
+    if 0 < len(line) <= 16 and line.isalnum():
+        try:
+            return int(line, 16)
+        except ValueError:
+            pass  # letters beyond F: not hex
+    m = _CHUNK_LINE.fullmatch(line)
+    if m is None:
+        raise WireError(f"not a chunk-size line: {line[:80]!r}")
+    return int(m[1], 16)
+
+
+def _content_length(values: list[str]) -> int:
+    found = {v.strip() for value in values for v in value.split(",")}
+    if len(found) != 1 or _DIGITS.fullmatch(next(iter(found))) is None:
+        raise WireError(f"not a Content-Length: {', '.join(values)[:80]!r}")
+    return int(found.pop())
+
+
+# -- connections and the pool ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """Where an engine's base URL points: what to connect to and how requests name it."""
+
+    host: str  # for DNS and TLS (no brackets around IPv6)
+    port: int
+    tls: bool
+    authority: str  # the Host header
+    base_path: str  # prefixed to every request path
+
+    @staticmethod
+    def of(engine: str) -> _Target:
+        u = urlsplit(engine)
+        try:
+            port = u.port
+        except ValueError:
+            port = None
+            u = u._replace(scheme="")
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise UpstreamConnectError(f"cannot connect to {engine}: not an http(s) URL", engine)
+        tls = u.scheme == "https"
+        return _Target(u.hostname, port or (443 if tls else 80), tls, u.netloc, u.path.rstrip("/"))
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection to an engine, carrying one request at a time."""
+
+    __slots__ = (
+        "engine",
+        "error",
+        "idle_since",
+        "loop",
+        "lost",
+        "parser",
+        "paused",
+        "pool",
+        "transport",
+        "waiter",
+    )
+
+    def __init__(self, pool: _Pool, engine: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.pool = pool
+        self.engine = engine
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser: ResponseParser | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.error: UpstreamError | None = None
+        self.lost = False
+        self.paused = False
+        self.idle_since = 0.0
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's do not subclass asyncio.Transport, hence the cast).
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        p = self.parser
+        if p is None or self.error is not None:
+            # Bytes nobody asked for (an idle connection, or after a failure): unusable.
+            self._fail(UpstreamDropped(f"{self.engine} sent bytes outside a response", self.engine))
+            return
+        try:
+            p.feed(data)
+        except WireError as e:
+            self._fail(
+                UpstreamDropped(f"{self.engine} sent a malformed response: {e}", self.engine)
+            )
+            return
+        if p.buffered > READ_HIGH_WATER_BYTES and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        p = self.parser
+        if p is not None and self.error is None:
+            try:
+                p.eof()
+            except WireError as e:
+                self._fail(UpstreamDropped(self._closed_message(str(e)), self.engine))
+        self._wake()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        p = self.parser
+        if p is not None and not p.complete and self.error is None:
+            reason = f"{type(exc).__name__}" if exc is not None else "the connection closed"
+            self.error = UpstreamDropped(self._closed_message(reason), self.engine)
+        self.pool.forget(self)
+        self._wake()
+
+    # the request's side
+
+    def _closed_message(self, reason: str) -> str:
+        p = self.parser
+        where = "before answering" if p is None or p.headers is None else "while answering"
+        return f"{self.engine} closed the connection {where} ({reason})"
+
+    def _fail(self, error: UpstreamError) -> None:
+        self.error = error
+        if self.transport is not None:
+            self.transport.close()
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self) -> None:
+        """Until the parser or the connection's state changes."""
+        self.waiter = self.loop.create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+
+    def usable(self, now: float) -> bool:
+        """Idle, open and not about to be closed by the engine's keep-alive timeout."""
+        t = self.transport
+        return (
+            not self.lost
+            and t is not None
+            and not t.is_closing()
+            and now - self.idle_since < KEEPALIVE_SECONDS
+        )
+
+    def start(self, data: bytes) -> None:
+        """Send one request's bytes; the response is read into a fresh parser."""
+        assert self.transport is not None
+        self.parser = ResponseParser()
+        self.error = None
+        self.transport.write(data)
+
+    async def head(self) -> ResponseParser:
+        """The parser once the response's head has arrived; raises ``UpstreamError``."""
+        p = self.parser
+        assert p is not None
+        while p.headers is None:
+            if self.error is not None:
+                raise self.error
+            if self.lost:
+                raise UpstreamDropped(self._closed_message("the connection closed"), self.engine)
+            await self.wait()
+        return p
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self.lost = True
 
 
 class _Response:
-    __slots__ = ("_engine", "_resp")
+    """``UpstreamResponse`` over a ``_Connection`` whose response head has arrived."""
 
-    def __init__(self, engine: str, resp: aiohttp.ClientResponse) -> None:
-        self._engine = engine
-        self._resp = resp
+    __slots__ = ("_conn", "_done", "_parser", "headers", "status")
 
-    @property
-    def status(self) -> int:
-        return self._resp.status
-
-    @property
-    def headers(self) -> MultiMapping[str]:
-        return self._resp.headers
+    def __init__(self, conn: _Connection, parser: ResponseParser) -> None:
+        self._conn = conn
+        self._parser = parser
+        self._done = False  # released or aborted: the connection is no longer this response's
+        self.status = parser.status
+        assert parser.headers is not None
+        self.headers: MultiMapping[str] = parser.headers
 
     async def read_chunk(self) -> bytes:
-        with _mapped(self._engine, connecting=False):
-            return await self._resp.content.readany()
+        p, conn = self._parser, self._conn
+        while True:
+            body = p.body
+            if body:
+                data = body[0] if len(body) == 1 else b"".join(body)
+                body.clear()
+                p.buffered = 0
+                if conn.paused and conn.transport is not None:
+                    conn.paused = False
+                    conn.transport.resume_reading()
+                return data
+            if p.complete:
+                return b""
+            if conn.error is not None:
+                raise conn.error
+            if conn.lost or self._done:
+                raise UpstreamDropped(conn._closed_message("the connection closed"), conn.engine)
+            await conn.wait()
 
     def finished(self) -> bool:
-        return self._resp.content.at_eof()
+        p = self._parser
+        return p.complete and not p.body
 
     def release(self) -> None:
-        self._resp.release()
+        if self._done:
+            return
+        self._done = True
+        conn, p = self._conn, self._parser
+        if p.complete and p.reusable and not p.body and conn.error is None and not conn.lost:
+            conn.parser = None
+            conn.pool.put(conn)
+        else:
+            conn.close()
 
     def abort(self) -> None:
-        self._resp.close()
+        if not self._done:
+            self._done = True
+            self._conn.close()
+
+
+class _Pool:
+    """Idle keep-alive connections per engine, newest reused first; old ones closed."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._idle: dict[str, list[_Connection]] = {}
+        self._open: set[_Connection] = set()
+        self._sweep: asyncio.TimerHandle | None = None
+
+    def add(self, conn: _Connection) -> None:
+        self._open.add(conn)
+
+    def take(self, engine: str) -> _Connection | None:
+        idle = self._idle.get(engine)
+        now = self._loop.time()
+        while idle:
+            conn = idle.pop()
+            if conn.usable(now):
+                return conn
+            conn.close()
+        return None
+
+    def put(self, conn: _Connection) -> None:
+        conn.idle_since = self._loop.time()
+        self._idle.setdefault(conn.engine, []).append(conn)
+        if self._sweep is None:
+            self._sweep = self._loop.call_later(KEEPALIVE_SECONDS, self._close_expired)
+
+    def forget(self, conn: _Connection) -> None:
+        """``conn`` closed: it is neither open nor idle any more."""
+        self._open.discard(conn)
+        idle = self._idle.get(conn.engine)
+        if idle and conn in idle:
+            idle.remove(conn)
+            if not idle:
+                del self._idle[conn.engine]
+
+    def _close_expired(self) -> None:
+        self._sweep = None
+        now = self._loop.time()
+        for engine, idle in list(self._idle.items()):
+            for conn in [c for c in idle if not c.usable(now)]:
+                idle.remove(conn)
+                conn.close()
+            if not idle:
+                del self._idle[engine]
+        if self._idle:
+            self._sweep = self._loop.call_later(KEEPALIVE_SECONDS, self._close_expired)
+
+    def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        for conn in list(self._open):
+            conn.close()
+        self._open.clear()
+        self._idle.clear()
+
+
+# Control characters a header field must not carry; CR and LF are counted instead (below).
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def request_bytes(target: _Target, request: UpstreamRequest) -> bytes:
+    """``request`` as HTTP/1.1 bytes: request line, Host, its headers, Content-Length, body.
+
+    Raises ``ValueError`` when a header holds a line break or another control character,
+    which would let one header smuggle others (or a second request) to the engine.
+    """
+    fields = "".join([f"\r\n{k}: {v}" for k, v in request.headers])
+    n = len(request.headers)
+    if fields.count("\n") != n or fields.count("\r") != n or _CONTROL.search(fields):
+        raise ValueError("a header holds a line break or a control character")
+    if request.body or request.method == "POST":
+        fields += f"\r\nContent-Length: {len(request.body)}"
+    text = (
+        f"{request.method} {target.base_path}{request.path} HTTP/1.1\r\n"
+        f"Host: {target.authority}{fields}\r\n\r\n"
+    )
+    return text.encode("utf-8", "surrogateescape") + request.body
 
 
 class AiohttpUpstream:
-    """``Upstream`` over one pooled keep-alive aiohttp ``ClientSession``."""
+    """``Upstream`` over this module's HTTP/1.1 client with pooled keep-alive connections."""
 
-    def __init__(self, connect_seconds: float) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=0,  # one connection per in-flight request; a pool cap would queue tokens
-            keepalive_timeout=KEEPALIVE_SECONDS,
-            socket_factory=nodelay_socket,
-            ttl_dns_cache=10,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(
-                total=None, connect=connect_seconds, sock_connect=connect_seconds
-            ),
-            auto_decompress=False,
-            # Relayed headers are the client's (filtered); the gateway adds none of its own.
-            skip_auto_headers=("User-Agent",),
-            raise_for_status=False,
-        )
+    def __init__(self, connect_seconds: float, tls: ssl.SSLContext | None = None) -> None:
+        self._connect_seconds = connect_seconds
+        self._tls = tls
+        self._targets: dict[str, _Target] = {}
+        self._addresses: dict[tuple[str, int], tuple[float, Sequence[AddrInfoType]]] = {}
+        self._pool: _Pool | None = None
+        self._closed = False
+
+    def _target(self, engine: str) -> _Target:
+        t = self._targets.get(engine)
+        if t is None:
+            if len(self._targets) > 4096:  # engines come and go with discovery: stay bounded
+                self._targets.clear()
+            t = self._targets[engine] = _Target.of(engine)
+        return t
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
-        url = request.engine + request.path
-        with _mapped(request.engine, connecting=True):
-            resp = await self._session.request(
-                request.method,
-                url,
-                data=request.body,
-                headers=list(request.headers),
-                allow_redirects=False,
-                compress=None,
-            )
-        return _Response(request.engine, resp)
+        target = self._target(request.engine)
+        try:
+            data = request_bytes(target, request)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        conn = await self._connection(request.engine, target)
+        try:
+            conn.start(data)
+            parser = await conn.head()
+        except BaseException:
+            conn.close()
+            raise
+        return _Response(conn, parser)
 
     async def fetch(self, url: str, seconds: float) -> tuple[int, bytes]:
+        u = urlsplit(url)
+        engine = f"{u.scheme}://{u.netloc}"
+        path = u.path + (f"?{u.query}" if u.query else "")
+        headers = (("Accept-Encoding", "identity"),)
+        resp: UpstreamResponse | None = None
         try:
             async with asyncio.timeout(seconds):
-                with _mapped(url, connecting=True):
-                    async with self._session.get(
-                        url, allow_redirects=False, headers={"Accept-Encoding": "identity"}
-                    ) as resp:
-                        body = await resp.content.read(MAX_FETCH_BYTES)
-                        return resp.status, body
+                resp = await self.send(UpstreamRequest(engine, path or "/", headers, b"", "GET"))
+                parts: list[bytes] = []
+                size = 0
+                while size < MAX_FETCH_BYTES and (chunk := await resp.read_chunk()):
+                    parts.append(chunk)
+                    size += len(chunk)
+                return resp.status, b"".join(parts)[:MAX_FETCH_BYTES]
         except TimeoutError:
             raise UpstreamTimeout(f"GET {url} timed out after {seconds:g}s", url) from None
+        finally:
+            if resp is not None:
+                if resp.finished():
+                    resp.release()
+                else:
+                    resp.abort()
 
     async def close(self) -> None:
-        await self._session.close()
+        self._closed = True
+        if self._pool is not None:
+            self._pool.close()
+
+    async def _connection(self, engine: str, target: _Target) -> _Connection:
+        if self._closed:
+            raise UpstreamConnectError(
+                f"cannot connect to {engine}: the gateway is closing", engine
+            )
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = _Pool(asyncio.get_running_loop())
+        conn = pool.take(engine)
+        if conn is not None:
+            return conn
+        try:
+            async with asyncio.timeout(self._connect_seconds):
+                conn = await self._connect(engine, target, pool)
+        except TimeoutError:
+            raise UpstreamConnectError(f"connecting to {engine} timed out", engine) from None
+        pool.add(conn)
+        return conn
+
+    async def _connect(self, engine: str, target: _Target, pool: _Pool) -> _Connection:
+        loop = asyncio.get_running_loop()
+        error: OSError | None = None
+        for info in await self._resolve(engine, target):
+            sock = nodelay_socket(info)
+            try:
+                sock.setblocking(False)
+                await loop.sock_connect(sock, info[4])
+                tls = self._tls_context() if target.tls else None
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(pool, engine, loop),
+                    sock=sock,
+                    ssl=tls,
+                    server_hostname=target.host if tls else None,
+                )
+                return conn
+            except OSError as e:
+                sock.close()
+                error = e
+            except BaseException:
+                sock.close()
+                raise
+        raise UpstreamConnectError(f"cannot connect to {engine}: {error}", engine)
+
+    async def _resolve(self, engine: str, target: _Target) -> Sequence[AddrInfoType]:
+        loop = asyncio.get_running_loop()
+        key = (target.host, target.port)
+        cached = self._addresses.get(key)
+        if cached is not None and loop.time() - cached[0] < DNS_TTL_SECONDS:
+            return cached[1]
+        try:
+            infos = await loop.getaddrinfo(
+                target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+            )
+        except OSError as e:
+            raise UpstreamConnectError(f"cannot connect to {engine}: {e}", engine) from e
+        if len(self._addresses) > 4096:
+            self._addresses.clear()
+        self._addresses[key] = (loop.time(), infos)
+        return infos
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
