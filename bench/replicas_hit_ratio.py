@@ -43,7 +43,7 @@ import aiohttp
 import orjson
 
 from router.core.workload import from_mooncake
-from router.presets import preset_path
+from router.presets import preset_text
 from tests.support import Proc, free_port, running, start_kvrouter
 
 MODEL = "sim-model"
@@ -116,14 +116,8 @@ def load_bodies(path: Path, n: int, max_tokens: int) -> list[bytes]:
 
 def write_policy(dest: Path, engine_capacity: int, cold_prefix: str) -> None:
     """The kv-aware preset, told the engines' cache size."""
-    text = preset_path("kv-aware").read_text()
-    for old, new in (
-        ("engine_capacity_tokens: 1000000", f"engine_capacity_tokens: {engine_capacity}"),
-        ("cold_prefix: score", f"cold_prefix: {cold_prefix}"),
-    ):
-        assert old in text, f"the kv-aware preset no longer says {old!r}"
-        text = text.replace(old, new)
-    dest.write_text(text)
+    settings = {"index.engine_capacity_tokens": engine_capacity, "cold_prefix": cold_prefix}
+    dest.write_text(preset_text("kv-aware", settings))
 
 
 async def replay(bodies: list[bytes], targets: list[str], concurrency: int) -> int:

@@ -29,7 +29,7 @@ import orjson
 from router.core.stats import percentile
 from router.core.workload import SyntheticSpec, TraceRequest, synthetic
 from router.gateway.sse import Decoder
-from router.presets import preset_path
+from router.presets import preset_text
 
 LOOPBACK = "127.0.0.1"
 ENGINES = 4
@@ -220,10 +220,7 @@ def _install_policy(preset: str, dest: Path) -> None:
     """Write a preset as the live policy file, told the engines' real cache size (as an
     operator would set engine_capacity_tokens), through a rename so the watcher never reads
     half a file."""
-    text = preset_path(preset).read_text()
-    text = text.replace(
-        "engine_capacity_tokens: 1000000", f"engine_capacity_tokens: {CAPACITY_TOKENS}"
-    )
+    text = preset_text(preset, {"index.engine_capacity_tokens": CAPACITY_TOKENS})
     tmp = dest.with_suffix(".tmp")
     tmp.write_text(text)
     tmp.replace(dest)
