@@ -28,6 +28,7 @@ from router.gateway.config import (
     Config,
     check_ready_to_serve,
     load_config,
+    with_kv_events,
     with_overrides,
 )
 from router.gateway.runtime import gossip_from, run_gateway, setup_logging
@@ -109,6 +110,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=GOSSIP_PRESETS,
         help="gossip timing: lan (a cluster; the default) or local (replicas on one host)",
     )
+    k = parser.add_argument_group(
+        "engines' KV cache events",
+        "Learn what each engine's prefix cache holds from its own KV events (vLLM, SGLang: "
+        "ZMQ), keyed over the engine's token ids (its POST /tokenize).",
+    )
+    k.add_argument(
+        "--kv-events",
+        action="append",
+        metavar="ENGINE_URL=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]",
+        help="an engine's event endpoint, and optionally its replay endpoint (repeat for more)",
+    )
+    k.add_argument(
+        "--kv-events-port",
+        type=int,
+        metavar="P",
+        help="every engine publishes events on this port of its host",
+    )
+    k.add_argument(
+        "--kv-events-replay-port",
+        type=int,
+        metavar="P",
+        help="every engine answers replays on this port of its host",
+    )
+    k.add_argument(
+        "--tokenizer",
+        metavar="engine",
+        help="where token ids come from: engine (its POST /tokenize; the default)",
+    )
     add(
         "--log-level",
         default="info",
@@ -133,6 +162,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
         gossip_advertise=args.gossip_advertise,
         gossip_node_id=args.gossip_node_id,
         gossip_preset=args.gossip_preset,
+    )
+    cfg = with_kv_events(
+        cfg,
+        endpoints=args.kv_events,
+        port=args.kv_events_port,
+        replay_port=args.kv_events_replay_port,
+        tokenizer=args.tokenizer,
     )
     check_ready_to_serve(cfg)
     return cfg

@@ -24,7 +24,7 @@ import hmac
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,7 @@ from router.gateway.config import Config
 from router.gateway.engine_metrics import EngineMetricsScraper
 from router.gateway.engines import EnginePool, Resolver, resolve_dns
 from router.gateway.errors import (
+    GatewayError,
     NotFound,
     Unauthorized,
     error_middleware,
@@ -48,8 +49,10 @@ from router.gateway.exchange import Exchange, Services, decide, keep_local, read
 from router.gateway.flow import Admission
 from router.gateway.gossip_delegate import run_origin
 from router.gateway.inbound import PROMPT_FIELD, parse
+from router.gateway.kv_events import EventMetrics, Subscriber
 from router.gateway.metrics import FleetView, Metrics
 from router.gateway.reload import PolicyWatcher, Result
+from router.gateway.tokenize import Tokenizer
 from router.gateway.upstream import AiohttpUpstream, Upstream
 
 if TYPE_CHECKING:
@@ -137,6 +140,19 @@ class Gateway:
             self.gossip_peers = self.replica.peers
             self.gossip_samples = self.replica.samples
         self.admission = Admission(config.flow_control, self.core, self.metrics, clock=clock)
+        # Engines' KV cache events (router.gateway.kv_events) and the token ids they need.
+        kv = config.engines.kv_events
+        self.core.bridge_seconds = kv.bridge_seconds
+        self.core.medium_weights = kv.medium_weights
+        self.event_metrics = EventMetrics(self.metrics.registry)
+        self._index_sources()
+        self.kv_events: Subscriber | None = None
+        self.tokenizer: Tokenizer | None = None
+        if kv.enabled:
+            self.kv_events = Subscriber(self.core, kv, self._healthy, self.event_metrics, clock)
+            self.tokenizer = Tokenizer(
+                kv.tokenize_timeout_seconds, self._precise_engines, self._tokenized
+            )
         self.services = Services(
             self.core,
             self.pool,
@@ -148,7 +164,36 @@ class Gateway:
             RetryBudget(BudgetRules(ratio=config.limits.retry_budget_percent / 100)),
             clock=clock,
             publish=self.replica.queue if self.replica is not None else keep_local,
+            tokenize=self.tokenizer,
         )
+
+    def _healthy(self) -> Mapping[str, bool]:
+        return {url: b.healthy for url, b in self.pool.engines.items()}
+
+    def _precise_engines(self, model: str) -> Sequence[str]:
+        """Healthy engines serving ``model`` whose KV events the index holds."""
+        try:
+            cands = self.pool.candidates(model)
+        except GatewayError:
+            return ()
+        return [e for e in cands if e in self.core.precise]
+
+    def _tokenized(self, seconds: float, ok: bool) -> None:
+        self.event_metrics.tokenize.observe(seconds)
+        if not ok:
+            self.event_metrics.tokenize_failures.inc()
+
+    def _index_sources(self) -> None:
+        # Read at scrape time; the index itself is replaced when the block size changes.
+        g = self.event_metrics.entries
+        g.labels("event").set_function(self._event_entries)
+        g.labels("predicted").set_function(lambda: float(len(self.core.predictions)))
+        g.labels("approximate").set_function(
+            lambda: float(len(self.core.index)) - self._event_entries() - len(self.core.predictions)
+        )
+
+    def _event_entries(self) -> float:
+        return float(self.core.index.event_blocks())
 
     def _set_policy(self, policy: Policy) -> None:
         # One assignment on the event loop: requests in flight keep their decisions, and the
@@ -177,6 +222,11 @@ class Gateway:
             report = self.core.loads.reported(url, now)
             if report is not None:
                 yield url, report
+
+    async def kv_events_loop(self) -> None:
+        """Subscribe to the engines' KV events while the app runs."""
+        if self.kv_events is not None:
+            await self.kv_events.run()
 
     def ready(self) -> tuple[bool, str]:
         """Readiness and why: a policy is loaded and at least one engine is healthy."""
@@ -276,7 +326,8 @@ async def debug_route(request: web.Request) -> web.Response:
     if isinstance(probe, dict) and "messages" not in probe:
         route = "/v1/embeddings" if "input" in probe else "/v1/completions"
     inbound = parse(raw, route)
-    d = decide(gw.services, inbound, request.headers)
+    tokenized = await gw.tokenizer(inbound) if gw.tokenizer is not None else None
+    d = decide(gw.services, inbound, request.headers, tokenized)
     return _json({"policy": gw.core.policy.name, **d.explain()})
 
 
@@ -348,6 +399,9 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await app[GATEWAY].upstream.close()
+        tokenizer = app[GATEWAY].tokenizer
+        if tokenizer is not None:
+            await tokenizer.close()
 
 
 def build_app(gw: Gateway) -> web.Application:
@@ -363,6 +417,8 @@ def build_app(gw: Gateway) -> web.Application:
     app.cleanup_ctx.append(_task_ctx("model-lists", lambda g: g.pool.models_loop))
     app.cleanup_ctx.append(_task_ctx("dns-discovery", lambda g: g.pool.dns_loop))
     app.cleanup_ctx.append(_task_ctx("policy-watcher", lambda g: g.watcher.run))
+    if gw.kv_events is not None:
+        app.cleanup_ctx.append(_task_ctx("kv-events", lambda g: g.kv_events_loop))
     app.cleanup_ctx.append(_task_ctx("engine-metrics", lambda g: g.engine_metrics.run))
     app.cleanup_ctx.append(_task_ctx("flow-control", lambda g: g.admission.pump_loop))
     app.add_routes([web.post(route, _generation(route)) for route in PROMPT_FIELD])

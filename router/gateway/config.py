@@ -10,6 +10,11 @@ The file's shape is shared with the Helm chart, so its names are a contract::
       dns: {name: vllm-headless.default.svc.cluster.local, port: 8000, scheme: http,
             interval_seconds: 10}
       models_refresh_seconds: 30
+      kv_events: {port: 0, replay_port: 0, topic: "", tokenizer: engine,
+                  tokenize_timeout_seconds: 0.5, bridge_seconds: 5,
+                  medium_weights: {gpu: 1.0, cpu: 0.5, disk: 0.25},
+                  endpoints: {ENGINE_URL: {endpoint: tcp://HOST:PORT,
+                                           replay_endpoint: tcp://HOST:PORT}}}
     health: {path: /health, interval_seconds: 5, timeout_seconds: 2, eject_after_failures: 3,
              readmit_backoff_seconds: 5, readmit_backoff_max_seconds: 60,
              max_ejected_percent: 50}
@@ -41,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,10 +93,43 @@ class DnsEngines:
 
 
 @dataclass(frozen=True, slots=True)
+class KvEventEndpoint:
+    """Where one engine publishes its KV cache events, and where it replays them."""
+
+    endpoint: str
+    replay_endpoint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class KvEvents:
+    """Engines' KV cache events (router.gateway.kv_events): a port rule and explicit endpoints.
+
+    ``port`` (0: no rule) applies to every engine's host; ``endpoints`` name engines one by
+    one and win over the rule. ``tokenizer: engine`` asks a precise engine's ``/tokenize``.
+    """
+
+    port: int = 0
+    replay_port: int = 0
+    topic: str = ""
+    endpoints: Mapping[str, KvEventEndpoint] = field(default_factory=dict)
+    tokenizer: str = "engine"
+    tokenize_timeout_seconds: float = 0.5
+    bridge_seconds: float = 5.0
+    medium_weights: Mapping[str, float] = field(
+        default_factory=lambda: {"gpu": 1.0, "cpu": 0.5, "disk": 0.25}
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.port or self.endpoints)
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSources:
     static: tuple[str, ...] = ()
     dns: DnsEngines | None = None
     models_refresh_seconds: float = 30.0
+    kv_events: KvEvents = field(default_factory=KvEvents)
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +353,58 @@ def _policy_reload(f: _Fields | None) -> PolicyReload:
     return out
 
 
+def zmq_endpoint(text: str) -> str:
+    """``tcp://HOST:PORT``, checked; raises ``ValueError`` saying why."""
+    if not text.startswith("tcp://"):
+        raise ValueError(f"must be tcp://HOST:PORT, got {text!r}")
+    hostport.split(text.removeprefix("tcp://"))
+    return text
+
+
+def _kv_events(f: _Fields | None) -> KvEvents:
+    if f is None:
+        return KvEvents()
+    endpoints: dict[str, KvEventEndpoint] = {}
+    e = f.sub("endpoints")
+    if e is not None:
+        for url in list(e.data):
+            sub = e.sub(str(url))
+            where = e.at(str(url))
+            if sub is None:
+                e.fail(where, "must be {endpoint: tcp://HOST:PORT, replay_endpoint: ...}")
+            ep, replay = sub.text("endpoint", "", required=True), sub.text("replay_endpoint", "")
+            try:
+                key = engine_url(str(url))
+                zmq_endpoint(ep)
+                if replay:
+                    zmq_endpoint(replay)
+            except ValueError as err:
+                e.fail(where, str(err))
+            sub.done()
+            endpoints[key] = KvEventEndpoint(ep, replay)
+        e.done()
+    weights: dict[str, float] = {"gpu": 1.0, "cpu": 0.5, "disk": 0.25}
+    w = f.sub("medium_weights")
+    if w is not None:
+        weights = {str(k).lower(): w.number(str(k), 1.0, 0.0, 1.0) for k in list(w.data)}
+        w.done()
+    tokenizer = f.text("tokenizer", "engine")
+    if tokenizer != "engine":
+        f.fail(f.at("tokenizer"), "only 'engine' (the engine's POST /tokenize) is supported")
+    out = KvEvents(
+        port=f.integer("port", 0, 0, 65535),
+        replay_port=f.integer("replay_port", 0, 0, 65535),
+        topic=f.text("topic", ""),
+        endpoints=endpoints,
+        tokenizer=tokenizer,
+        tokenize_timeout_seconds=_seconds(f, "tokenize_timeout_seconds", 0.5, 0.001),
+        bridge_seconds=_seconds(f, "bridge_seconds", 5.0, 0.0),
+        medium_weights=weights,
+    )
+    f.done()
+    return out
+
+
 def _engine_sources(f: _Fields | None) -> EngineSources:
     if f is None:
         return EngineSources()
@@ -337,7 +427,12 @@ def _engine_sources(f: _Fields | None) -> EngineSources:
         d.done()
         if not name:
             dns = None  # an empty name (the chart's default) means no DNS discovery
-    out = EngineSources(tuple(static), dns, _seconds(f, "models_refresh_seconds", 30.0, 0.1))
+    out = EngineSources(
+        tuple(static),
+        dns,
+        _seconds(f, "models_refresh_seconds", 30.0, 0.1),
+        _kv_events(f.sub("kv_events")),
+    )
     f.done()
     return out
 
@@ -615,3 +710,43 @@ def check_ready_to_serve(cfg: Config) -> None:
         )
     if not cfg.listen.host:
         raise ConfigError("listen.host: must not be empty")
+
+
+def with_kv_events(
+    cfg: Config,
+    *,
+    endpoints: list[str] | None = None,
+    port: int | None = None,
+    replay_port: int | None = None,
+    tokenizer: str | None = None,
+) -> Config:
+    """``cfg`` with the KV-event flags applied (``--kv-events URL=tcp://H:P[,tcp://H:R]``)."""
+    kv = cfg.engines.kv_events
+    if endpoints:
+        eps = dict(kv.endpoints)
+        for spec in endpoints:
+            url, sep, rest = spec.partition("=")
+            ep, _, replay = rest.partition(",")
+            try:
+                if not sep:
+                    raise ValueError(f"must be ENGINE_URL=tcp://HOST:PORT, got {spec!r}")
+                key = engine_url(url)
+                zmq_endpoint(ep)
+                if replay:
+                    zmq_endpoint(replay)
+            except ValueError as e:
+                raise ConfigError(f"--kv-events: {e}") from None
+            eps[key] = KvEventEndpoint(ep, replay)
+        kv = dataclasses.replace(kv, endpoints=eps)
+    for flag, value in (("--kv-events-port", port), ("--kv-events-replay-port", replay_port)):
+        if value is not None and not 0 < value < 65536:
+            raise ConfigError(f"{flag}: must be from 1 to 65535, got {value}")
+    if port is not None:
+        kv = dataclasses.replace(kv, port=port)
+    if replay_port is not None:
+        kv = dataclasses.replace(kv, replay_port=replay_port)
+    if tokenizer is not None:
+        if tokenizer != "engine":
+            raise ConfigError("--tokenizer: only 'engine' (the engine's POST /tokenize) works")
+        kv = dataclasses.replace(kv, tokenizer=tokenizer)
+    return dataclasses.replace(cfg, engines=dataclasses.replace(cfg.engines, kv_events=kv))

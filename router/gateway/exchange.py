@@ -30,12 +30,12 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from router.core.decision import Decision, Lease, RoutingCore
+from router.core.decision import Decision, Lease, RoutingCore, TokenPrompt
 from router.core.index import Delta
 from router.core.retry_budget import RetryBudget
 from router.gateway.config import Limits, Timeouts
@@ -93,6 +93,9 @@ class Services:
     clock: Callable[[], float] = time.monotonic
     # Where recorded deltas go (the gossip queue when replicas are configured).
     publish: Callable[[Delta], None] = keep_local
+    # The request's token ids from the engines' tokenizer (router.gateway.tokenize), for
+    # engines whose KV events the index holds; None: route on the text keys alone.
+    tokenize: Callable[[Inbound], Awaitable[TokenPrompt | None]] | None = None
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -109,7 +112,12 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise BodyTimeout(msg) from None
 
 
-def decide(s: Services, inbound: Inbound, headers: Mapping[str, str]) -> Decision:
+def decide(
+    s: Services,
+    inbound: Inbound,
+    headers: Mapping[str, str],
+    tokenized: TokenPrompt | None = None,
+) -> Decision:
     """The core's decision for ``inbound`` among the engines serving its model (a query)."""
     core = s.core
     affinity = core.policy.scorer("session-affinity")
@@ -118,7 +126,8 @@ def decide(s: Services, inbound: Inbound, headers: Mapping[str, str]) -> Decisio
         if affinity is None
         else session_of(inbound, headers, affinity.header, affinity.user_field)
     )
-    return core.decide(inbound.text, s.pool.candidates(inbound.model), s.clock(), session)
+    cands = s.pool.candidates(inbound.model)
+    return core.decide(inbound.text, cands, s.clock(), session, tokenized=tokenized)
 
 
 class Exchange:
@@ -174,8 +183,9 @@ class Exchange:
 
     async def _route(self, inbound: Inbound, raw: bytes) -> web.StreamResponse:
         s = self.s
+        tokenized = await s.tokenize(inbound) if s.tokenize is not None else None
         t = time.perf_counter()
-        d = decide(s, inbound, self.request.headers)
+        d = decide(s, inbound, self.request.headers, tokenized)
         s.metrics.decision.observe(time.perf_counter() - t)
         if d.engine is None:
             raise NoEngine("no engine can take the request right now")
