@@ -229,7 +229,11 @@ class Subscriber:
             for t in tasks.values():
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
-            self._ctx.term()
+            self.close()
+
+    def close(self) -> None:
+        """Release the ZMQ context (``run`` does it when it stops)."""
+        self._ctx.term()
 
     async def _subscribe(self, feed: Feed, endpoint: str, replay: str | None) -> None:
         backoff = BACKOFF_S

@@ -1,0 +1,106 @@
+"""The KV-event subscriber's sequence rules: gaps, replays, degraded engines, restarts.
+
+Batches come from engine-sim's own event writer (router.enginesim.kv_publisher.CacheEvents);
+the replay endpoint, where one is needed, is a real engine-sim publisher on loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+
+from router.core.decision import RoutingCore
+from router.core.policy import load_policy
+from router.enginesim.kv_publisher import CacheEvents, EventSettings, Publisher
+from router.gateway.config import KvEventEndpoint, KvEvents
+from router.gateway.kv_events import EventMetrics, Feed, Subscriber, endpoints_for
+from router.presets import preset_path
+from tests.support import free_port
+
+ENGINE = "http://127.0.0.1:9000"
+
+
+@contextlib.contextmanager
+def subscriber() -> Iterator[Subscriber]:
+    core = RoutingCore(load_policy(preset_path("kv-aware")))
+    core.set_engines({ENGINE: 1})
+    sub = Subscriber(core, KvEvents(), lambda: {ENGINE: True}, EventMetrics(CollectorRegistry()))
+    try:
+        yield sub
+    finally:
+        sub.close()
+
+
+def frames(seq: int, payload: bytes) -> list[bytes]:
+    return [b"", seq.to_bytes(8, "big"), payload]
+
+
+def stored(writer: CacheEvents, first_key: int) -> bytes:
+    keys = list(range(first_key, first_key + 2))
+    return writer.batch(writer.admitted(keys, list(range(first_key, first_key + 8)), 0.0), 1.0)
+
+
+async def test_gap_without_replay_degrades_until_cleared() -> None:
+    with subscriber() as sub:
+        feed = sub.feeds[ENGINE] = Feed(ENGINE, sub.core)
+        w = CacheEvents(100, 4, "map", "int")
+        await sub._message(feed, frames(0, stored(w, 1)), None)
+        assert sub.core.precise == {ENGINE: 4} and sub.core.index.event_blocks(ENGINE) == 2
+        await sub._message(feed, frames(2, stored(w, 10)), None)  # seq 1 never came
+        degraded = feed.degraded
+        assert degraded and ENGINE not in sub.core.precise
+        assert sub.core.index.event_blocks(ENGINE) == 0
+        await sub._message(feed, frames(3, w.batch(w.cleared(), 1.0)), None)
+        assert not feed.degraded and sub.core.precise == {ENGINE: 4}
+
+
+async def test_sequence_from_zero_again_forgets_the_engine() -> None:
+    with subscriber() as sub:
+        feed = sub.feeds[ENGINE] = Feed(ENGINE, sub.core)
+        w = CacheEvents(100, 4, "array", "bytes")
+        for seq in range(3):
+            await sub._message(feed, frames(seq, stored(w, 10 * seq + 1)), None)
+        assert sub.core.index.event_blocks(ENGINE) == 6
+        await sub._message(feed, frames(1, stored(w, 1)), None)  # a duplicate: ignored
+        assert sub.core.index.event_blocks(ENGINE) == 6
+        restarted = CacheEvents(100, 4, "array", "bytes")
+        await sub._message(feed, frames(0, stored(restarted, 50)), None)
+        assert sub.core.index.event_blocks(ENGINE) == 2 and not feed.degraded
+
+
+async def test_gap_covered_by_replay_is_filled_in_order() -> None:
+    port, replay = free_port(), free_port()
+    pub = Publisher(EventSettings(port=port, replay_port=replay))
+    pub.start()
+    try:
+        with subscriber() as sub:
+            w = CacheEvents(100, 4, "map", "int")
+            feed = sub.feeds[ENGINE] = Feed(ENGINE, sub.core)
+            batches = [w.admitted([k, k + 1], list(range(k, k + 8)), 0.0) for k in (1, 10, 20)]
+            for events in batches:
+                pub.publish(events)
+            payloads = [w.batch(e, 1.0) for e in batches]
+            endpoint = f"tcp://127.0.0.1:{replay}"
+            await sub._message(feed, frames(0, payloads[0]), endpoint)
+            await sub._message(feed, frames(2, payloads[2]), endpoint)
+            assert not feed.degraded and feed.last_seq == 2
+            assert sub.core.index.event_blocks(ENGINE) == 6  # the replayed seq 1 too
+    finally:
+        await pub.close()
+
+
+def test_endpoints_explicit_win_over_the_port_rule() -> None:
+    cfg = KvEvents(
+        port=5557,
+        replay_port=5558,
+        endpoints={"http://10.0.0.2:8000": KvEventEndpoint("tcp://10.9.9.9:1")},
+    )
+    got = endpoints_for(cfg, ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://[::1]:80"])
+    assert got == {
+        "http://10.0.0.1:8000": ("tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558"),
+        "http://10.0.0.2:8000": ("tcp://10.9.9.9:1", None),
+        "http://[::1]:80": ("tcp://[::1]:5557", "tcp://[::1]:5558"),
+    }
+    assert endpoints_for(KvEvents(), ["http://10.0.0.1:8000"]) == {}
