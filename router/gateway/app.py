@@ -36,6 +36,7 @@ from router.core.decision import RoutingCore
 from router.core.load import EngineReport, Load
 from router.core.policy import Policy
 from router.core.retry_budget import BudgetRules, RetryBudget
+from router.gateway.auth import auth_middleware, load_keys
 from router.gateway.config import Config
 from router.gateway.engine_metrics import EngineMetricsScraper
 from router.gateway.engines import EnginePool, Resolver, resolve_dns
@@ -130,6 +131,8 @@ class Gateway:
             clock=clock,
             count=lambda result: self.metrics.engine_scrapes.labels(result).inc(),
         )
+        # Raises ConfigError: the gateway does not start with keys it cannot read.
+        self.api_keys = load_keys(config.auth.api_keys_file, config.auth.api_keys_env, environ)
         # Admin endpoints exist only when the token's variable is set (read once, at start).
         self.admin_token: str | None = environ.get(config.admin_token_env) or None
         self.replica: Replica | None = None
@@ -407,7 +410,8 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 def build_app(gw: Gateway) -> web.Application:
     """The gateway as an aiohttp application (serve it with ``handler_cancellation=True``)."""
     limit = gw.config.limits.max_body_bytes
-    app = web.Application(middlewares=[error_middleware(limit)], client_max_size=limit)
+    middlewares = [error_middleware(limit), auth_middleware(gw.api_keys)]
+    app = web.Application(middlewares=middlewares, client_max_size=limit)
     app[GATEWAY] = gw
     if gw.replica is not None:
         # First in, last out: peers keep hearing this replica's load while it drains.

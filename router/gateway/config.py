@@ -22,6 +22,7 @@ The file's shape is shared with the Helm chart, so its names are a contract::
     limits: {max_body_bytes: 16777216, max_attempts: 3, retry_budget_percent: 20,
              retry_backoff_seconds: 0.025}
     admin_token_env: KVROUTER_ADMIN_TOKEN
+    auth: {api_keys_file: "", api_keys_env: KVROUTER_API_KEYS}
     engine_metrics: {enabled: true, interval_seconds: 0.5, timeout_seconds: 0.25,
                      stale_after_intervals: 4,
                      names: {running: [...], waiting: [...], kv_usage: [...]}}
@@ -200,6 +201,14 @@ class Gossip:
 
 
 @dataclass(frozen=True, slots=True)
+class Auth:
+    """Client API keys (router.gateway.auth); none configured: the OpenAI routes are open."""
+
+    api_keys_file: str = ""
+    api_keys_env: str = "KVROUTER_API_KEYS"
+
+
+@dataclass(frozen=True, slots=True)
 class FlowControl:
     """The bounded wait queue in front of a full fleet (router.gateway.flow)."""
 
@@ -283,6 +292,7 @@ class Config:
     gossip: Gossip = field(default_factory=Gossip)
     engine_metrics: EngineMetrics = field(default_factory=EngineMetrics)
     flow_control: FlowControl = field(default_factory=FlowControl)
+    auth: Auth = field(default_factory=Auth)
 
 
 def engine_url(text: str) -> str:
@@ -483,6 +493,14 @@ def _limits(f: _Fields | None) -> Limits:
     return out
 
 
+def _auth(f: _Fields | None) -> Auth:
+    if f is None:
+        return Auth()
+    out = Auth(f.text("api_keys_file", ""), f.text("api_keys_env", "KVROUTER_API_KEYS"))
+    f.done()
+    return out
+
+
 def _flow_control(f: _Fields | None) -> FlowControl:
     if f is None:
         return FlowControl()
@@ -586,6 +604,7 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
         gossip=_gossip(f.sub("gossip")),
         engine_metrics=_engine_metrics(f.sub("engine_metrics")),
         flow_control=_flow_control(f.sub("flow_control")),
+        auth=_auth(f.sub("auth")),
     )
     f.done()
     return cfg
