@@ -53,6 +53,7 @@ from router.gateway.errors import (
     error_response,
     stream_error,
 )
+from router.gateway.auth import KEY_NAME
 from router.gateway.flow import Admission, priority_of, tenant_of
 from router.gateway.inbound import Inbound, parse, session_of
 from router.gateway.metrics import Metrics
@@ -174,7 +175,12 @@ class Exchange:
         await s.admission.enter(
             s.pool.candidates(inbound.model),
             priority_of(inbound.body, self.request.headers, rules.priority_header),
-            tenant_of(inbound.body, self.request.headers, rules.tenant_header),
+            tenant_of(
+                inbound.body,
+                self.request.headers,
+                rules.tenant_header,
+                self.request.get(KEY_NAME),
+            ),
         )
         try:
             return await self._route(inbound, raw)

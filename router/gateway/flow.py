@@ -64,11 +64,20 @@ def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=8).hexdigest()
 
 
-def tenant_of(body: Mapping[str, Any], headers: Mapping[str, str], header: str) -> str:
-    """Who the request belongs to: the tenant header, else its API key, else ``user``.
+def tenant_of(
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    header: str,
+    key_name: str | None = None,
+) -> str:
+    """Who the request belongs to: its authenticated key's name, else the tenant header, else
+    its API key, else ``user``.
 
-    Keys and user strings are digested: a tenant is a bounded label, never a secret.
+    A key's name wins over the header (a client must not pick its own share). Keys and user
+    strings are digested: a tenant is a bounded label, never a secret.
     """
+    if key_name is not None:
+        return key_name
     named = headers.get(header)
     if named:
         return named[:128]
