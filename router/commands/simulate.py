@@ -11,7 +11,14 @@ from router.commands.traces import read_trace
 from router.core.engine_model import EngineSpec
 from router.core.policy import Policy, PolicyError, load_policy
 from router.core.simulator import Fleet, SimResult, simulate
-from router.core.workload import SyntheticSpec, TraceFormatError, TraceRequest, synthetic
+from router.core.workload import (
+    HotspotSpec,
+    SyntheticSpec,
+    TraceFormatError,
+    TraceRequest,
+    hotspot,
+    synthetic,
+)
 from router.presets import DEFAULT, resolve
 
 _SPEC = EngineSpec()
@@ -26,6 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--synthetic",
         action="store_true",
         help="generate a multi-tenant, multi-turn chat workload instead of reading a trace",
+    )
+    src.add_argument(
+        "--hotspot",
+        action="store_true",
+        help="the synthetic chat plus one viral document with long answers, asked about by "
+        "20%% of requests and 45%% during a burst (HotspotSpec)",
     )
     # --workers is the released spelling, accepted as an alias.
     parser.add_argument(
@@ -69,6 +82,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--requests", type=int, default=4000, help="with --synthetic: how many (4000)"
     )
     parser.add_argument("--seed", type=int, default=7, help="with --synthetic: RNG seed (7)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=SyntheticSpec().rate_per_s,
+        help=f"with --synthetic or --hotspot: requests per second ({SyntheticSpec().rate_per_s:g})",
+    )
+    parser.add_argument(
+        "--report-interval",
+        type=float,
+        default=0.5,
+        metavar="SECONDS",
+        help="engines report running, waiting and KV use this often, as the gateway scrapes "
+        "them (0.5; 0: no reports, the router sees only what it sent)",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
 
 
@@ -129,11 +156,16 @@ def run(args: argparse.Namespace) -> int:
             decode_tokens_per_s=args.decode_tokens_per_s,
             max_batch=args.max_batch,
         )
-        if args.engines < 1 or args.speedup <= 0:
-            raise ValueError("--engines must be at least 1 and --speedup above 0")
+        if args.engines < 1 or args.speedup <= 0 or args.rate <= 0:
+            raise ValueError("--engines must be at least 1, --speedup and --rate above 0")
+        if args.report_interval < 0:
+            raise ValueError("--report-interval must be 0 or more")
         trace: list[TraceRequest]
+        chat = SyntheticSpec(requests=args.requests, seed=args.seed, rate_per_s=args.rate)
         if args.synthetic:
-            trace = list(synthetic(SyntheticSpec(requests=args.requests, seed=args.seed)))
+            trace = list(synthetic(chat))
+        elif args.hotspot:
+            trace = list(hotspot(HotspotSpec(chat=chat)))
         else:
             trace = read_trace(args.trace, args.limit)
     except (PolicyError, TraceFormatError, ValueError) as e:
@@ -143,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
         print("error: the trace has no requests", file=sys.stderr)
         return 1
     progress = _progress if sys.stderr.isatty() else None
-    results = simulate(policies, trace, Fleet(args.engines, spec, args.speedup), progress)
+    fleet = Fleet(args.engines, spec, args.speedup, report_interval=args.report_interval)
+    results = simulate(policies, trace, fleet, progress)
     if args.json:
         print(json.dumps([r.as_dict() for r in results], indent=2))
     else:

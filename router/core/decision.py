@@ -338,9 +338,10 @@ class RoutingCore:
         session_engine: str | None,
     ) -> list[int]:
         """The candidates worth scoring, in candidate order: the deepest holders of the prefix,
-        the least loaded eligible engines, the session's engine and the ring home.
+        the least loaded eligible engines, the session's engine, and for a prefix nobody holds
+        the ring home when more engines tie with the idlest spare than the shortlist holds.
 
-        Every other candidate holds none of the prefix and carries more load than the spares,
+        Every other candidate holds none of the prefix and carries at least the spares' load,
         so a scorer would rank it no better than they (unless the ring home's tie-break picks
         it, hence the ring home). Replicas with the same view choose the same shortlist.
         """
@@ -353,14 +354,19 @@ class RoutingCore:
             )
         keep.update(holders)
         free = [i for i in range(n) if eligible[i] and not overlaps[i]]
-        keep.update(heapq.nsmallest(SHORTLIST_SPARES, free, key=requests.__getitem__))
-        pos = {e: i for i, e in enumerate(cands)}
-        if session_engine is not None and session_engine in pos:
-            keep.add(pos[session_engine])
-        ring_key = keys[min(max(overlaps, default=0), len(keys) - 1)] if keys else seed
-        home = self.ring.home(ring_key, lambda e: e in pos and eligible[pos[e]])
-        if home is not None:
-            keep.add(pos[home])
+        spares = heapq.nsmallest(SHORTLIST_SPARES, free, key=requests.__getitem__)
+        keep.update(spares)
+        if session_engine is not None and session_engine in cands:
+            keep.add(cands.index(session_engine))
+        # The ring home matters for a prefix nobody holds when more engines tie with the
+        # idlest spare than the shortlist holds (a walk of the ring costs more than scoring).
+        low = requests[spares[0]] if spares else 0
+        if not holders and spares and sum(1 for i in free if requests[i] == low) > len(spares):
+            pos = {e: i for i, e in enumerate(cands)}
+            ring_key = keys[min(max(overlaps, default=0), len(keys) - 1)] if keys else seed
+            home = self.ring.home(ring_key, lambda e: e in pos and eligible[pos[e]])
+            if home is not None:
+                keep.add(pos[home])
         return sorted(keep)
 
     def _precise_overlaps(

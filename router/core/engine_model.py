@@ -12,6 +12,11 @@ and prefills are serialised, a request's whole schedule is known when it arrives
 earlier request on the same engine has finished its prefill (so its blocks are cached) before
 this one starts: inserting blocks at arrival is exact, not an approximation.
 
+What the engine reports of itself (``Occupancy``, vLLM's gauges): requests running (prefill
+begun, not finished), requests waiting (arrived, prefill not begun), and the share of its KV
+cache that running requests hold: each one's uncached prompt and the tokens it has generated,
+plus the longest cached prefix among them once (requests that hit share those blocks).
+
 Defaults describe a mid-size model (about 8B parameters) on one data-centre GPU: ~10k tokens/s of
 prefill, ~40 tokens/s per sequence of decode at moderate batch, 32 slots.
 """
@@ -132,3 +137,37 @@ class EngineClock:
         self._slots_free_at.clear()
         self._prefill_free_at = 0.0
         self.busy_seconds = 0.0
+
+
+def kv_in_use(held: Sequence[tuple[int, int, int]]) -> int:
+    """KV tokens running requests hold, each given as (prompt, cached, generated) tokens."""
+    if not held:
+        return 0
+    return max(c for _, c, _ in held) + sum(p - c + g for p, c, g in held)
+
+
+class Occupancy:
+    """The requests admitted to one engine, to report its running, waiting and KV use."""
+
+    __slots__ = ("_items", "spec")
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        self._items: list[tuple[Schedule, int, int]] = []  # (schedule, prompt, cached)
+
+    def add(self, schedule: Schedule, prompt_tokens: int, cached_tokens: int) -> None:
+        self._items.append((schedule, prompt_tokens, cached_tokens))
+
+    def report(self, now: float) -> tuple[int, int, float]:
+        """(running, waiting, KV use from 0 to 1) at ``now``; forgets finished requests."""
+        items = self._items = [it for it in self._items if it[0].done > now]
+        rate = self.spec.decode_tokens_per_s
+        held = []
+        waiting = 0
+        for sched, prompt, cached in items:
+            if sched.prefill_start > now:
+                waiting += 1
+            else:
+                generated = int(max(0.0, now - sched.first_token) * rate)
+                held.append((prompt, cached, generated))
+        return len(held), waiting, min(1.0, kv_in_use(held) / self.spec.capacity_tokens)

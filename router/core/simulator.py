@@ -10,6 +10,11 @@ The router's index is given each engine's true capacity (an operator who set
 ``engine_capacity_tokens`` right). The engine model says when a request's first token leaves
 (the router records its blocks then, as the gateway does on the first byte) and when it
 finishes (its load is released). ``decision_us`` is the CPU time of ``decide`` and ``acquire``.
+
+With ``Fleet.report_interval`` set, every engine reports its running and waiting requests and
+its KV use (``engine_model.Occupancy``) to the core's ``LoadBook`` every that many seconds, as
+the gateway's /metrics scraper does: each decision sees a report up to one interval old,
+blended with what the router sent since.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from router.core.decision import Lease, RoutingCore
-from router.core.engine_model import EngineClock, EngineSpec, PrefixCache
+from router.core.engine_model import EngineClock, EngineSpec, Occupancy, PrefixCache
+from router.core.load import EngineReport
 from router.core.policy import Policy
 from router.core.stats import percentile
 from router.core.workload import TraceRequest
@@ -60,14 +66,19 @@ class Fleet:
     engines: int
     spec: EngineSpec
     speedup: float = 1.0
+    # Seconds between engine reports (0: engines report nothing; the router sees its own).
+    report_interval: float = 0.0
+    # A report older than this many intervals is ignored, as the gateway's default does.
+    stale_after_intervals: int = 4
 
 
 class _Engine:
-    __slots__ = ("cache", "clock")
+    __slots__ = ("cache", "clock", "occupancy")
 
     def __init__(self, spec: EngineSpec, block_tokens: int) -> None:
         self.cache = PrefixCache(spec.capacity_tokens, block_tokens)
         self.clock = EngineClock(spec)
+        self.occupancy = Occupancy(spec)
 
 
 def _block_tokens(trace: Sequence[TraceRequest]) -> int:
@@ -112,6 +123,9 @@ def simulate_policy(
         core.index.add_engine(name, max(1, fleet.spec.capacity_tokens // policy.block_tokens))
     bt = _block_tokens(trace)
     engines = {name: _Engine(fleet.spec, bt) for name in names}
+    every = fleet.report_interval
+    core.loads.stale_after = every * fleet.stale_after_intervals
+    next_report = 0.0
     due: list[tuple[float, int, int, Lease]] = []  # (time, kind, request, lease)
     ttfts: list[float] = []
     decision_ns: list[int] = []
@@ -125,6 +139,11 @@ def simulate_policy(
                 core.record(lease, at)
             else:
                 core.release(lease)
+        if every > 0 and now >= next_report:
+            for name, eng in engines.items():
+                running, waiting, usage = eng.occupancy.report(now)
+                core.loads.engine_report(name, EngineReport(running, waiting, usage), now)
+            next_report = now + every
         body = req.request_body()
         t0 = clock()
         d = core.decide(body, names, now, session=req.session, prompt_tokens=req.prompt_tokens)
@@ -134,6 +153,8 @@ def simulate_policy(
         engine = engines[d.engine]
         hit = engine.cache.lookup_and_insert(req.engine_keys, req.prompt_tokens, now)
         sched = engine.clock.admit(now, req.prompt_tokens - hit, req.output_tokens)
+        if every > 0:
+            engine.occupancy.add(sched, req.prompt_tokens, hit)
         heapq.heappush(due, (sched.first_token, _FIRST_TOKEN, i, lease))
         heapq.heappush(due, (sched.done, _DONE, i, lease))
         ttfts.append(sched.ttft)

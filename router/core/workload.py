@@ -141,38 +141,101 @@ class SyntheticSpec:
     seed: int = 7
 
 
-def synthetic(spec: SyntheticSpec) -> Iterator[TraceRequest]:
-    """Requests of ``spec``'s workload in arrival order (deterministic for a seed)."""
-    rng = random.Random(spec.seed)
-    weights = [1.0 / (i + 1) ** spec.zipf_s for i in range(spec.tenants)]
-    vocabulary = [f"w{i:x}" for i in range(4096)]
+class _Chat:
+    """The multi-tenant chat of a ``SyntheticSpec``: one request at a time, in arrival order."""
 
-    def words(n: int) -> str:
-        return " ".join(rng.choices(vocabulary, k=n))
+    def __init__(self, spec: SyntheticSpec, rng: random.Random) -> None:
+        self.spec = spec
+        self.rng = rng
+        self.vocabulary = [f"w{i:x}" for i in range(4096)]
+        self.weights = [1.0 / (i + 1) ** spec.zipf_s for i in range(spec.tenants)]
+        self.systems = [
+            f"tenant {t} instructions: {self.words(spec.system_prompt_words)}"
+            for t in range(spec.tenants)
+        ]
+        self.convs: list[list[dict[str, str]]] = []
+        self.conv_tenant: list[int] = []
 
-    systems = [
-        f"tenant {t} instructions: {words(spec.system_prompt_words)}" for t in range(spec.tenants)
-    ]
-    convs: list[list[dict[str, str]]] = []
-    conv_tenant: list[int] = []
-    t = 0.0
-    for i in range(spec.requests):
-        t += rng.expovariate(spec.rate_per_s)
+    def words(self, n: int) -> str:
+        return " ".join(self.rng.choices(self.vocabulary, k=n))
+
+    def request(self, i: int, t: float) -> TraceRequest:
+        spec, rng, convs = self.spec, self.rng, self.convs
         # New conversations while the pool fills, then mostly follow-up turns.
         if len(convs) < spec.conversations and (not convs or rng.random() < 0.5):
-            tenant = rng.choices(range(spec.tenants), weights)[0]
-            convs.append([{"role": "system", "content": systems[tenant]}])
-            conv_tenant.append(tenant)
+            tenant = rng.choices(range(spec.tenants), self.weights)[0]
+            convs.append([{"role": "system", "content": self.systems[tenant]}])
+            self.conv_tenant.append(tenant)
             c = len(convs) - 1
         else:
             c = rng.randrange(len(convs))
         msgs = convs[c]
-        msgs.append({"role": "user", "content": words(rng.randint(*spec.turn_words))})
+        msgs.append({"role": "user", "content": self.words(rng.randint(*spec.turn_words))})
         answer = rng.randint(*spec.answer_words)
         body = {"model": "synthetic", "messages": list(msgs), "max_tokens": answer}
         rec = dict(body, timestamp=t, session=f"conv-{c}")
-        yield from_body(rec, f"synthetic[{i}]")
-        msgs.append({"role": "assistant", "content": words(answer)})
+        out = from_body(rec, f"synthetic[{i}]")
+        msgs.append({"role": "assistant", "content": self.words(answer)})
         if len(msgs) > 40:  # a conversation ends; its slot starts a new one next time
-            tenant = conv_tenant[c]
-            convs[c] = [{"role": "system", "content": systems[tenant]}]
+            convs[c] = [{"role": "system", "content": self.systems[self.conv_tenant[c]]}]
+        return out
+
+
+def synthetic(spec: SyntheticSpec) -> Iterator[TraceRequest]:
+    """Requests of ``spec``'s workload in arrival order (deterministic for a seed)."""
+    rng = random.Random(spec.seed)
+    chat = _Chat(spec, rng)
+    t = 0.0
+    for i in range(spec.requests):
+        t += rng.expovariate(spec.rate_per_s)
+        yield chat.request(i, t)
+
+
+@dataclass(frozen=True, slots=True)
+class HotspotSpec:
+    """A viral document on top of multi-tenant chat: one long prompt many users ask about.
+
+    A share of requests (``document_share``, ``burst_share`` during the burst window, when the
+    arrival rate is also ``burst_rate_x`` higher) are a question about the same document,
+    answered at length; the rest is the chat of ``chat``. With 8 engines at the defaults the
+    document's requests alone would fill more than one engine's batch during the burst.
+    """
+
+    chat: SyntheticSpec = SyntheticSpec()
+    document_words: int = 5000  # about 8,000 tokens
+    question_words: tuple[int, int] = (10, 60)
+    answer_words: tuple[int, int] = (300, 800)  # long answers: the batch stays occupied
+    document_share: float = 0.2
+    burst_share: float = 0.45
+    burst_start_s: float = 120.0
+    burst_seconds: float = 120.0
+    burst_rate_x: float = 1.5
+
+
+def hotspot(spec: HotspotSpec) -> Iterator[TraceRequest]:
+    """Requests of ``spec``'s workload in arrival order (deterministic for the chat's seed)."""
+    rng = random.Random(spec.chat.seed)
+    chat = _Chat(spec.chat, rng)
+    document = f"document: {chat.words(spec.document_words)}"
+    burst_end = spec.burst_start_s + spec.burst_seconds
+    t = 0.0
+    for i in range(spec.chat.requests):
+        burst = spec.burst_start_s <= t < burst_end
+        rate = spec.chat.rate_per_s * (spec.burst_rate_x if burst else 1.0)
+        t += rng.expovariate(rate)
+        share = spec.burst_share if burst else spec.document_share
+        if rng.random() >= share:
+            yield chat.request(i, t)
+            continue
+        question = chat.words(rng.randint(*spec.question_words))
+        answer = rng.randint(*spec.answer_words)
+        body = {
+            "model": "synthetic",
+            "messages": [
+                {"role": "system", "content": "Answer questions about the document."},
+                {"role": "user", "content": f"{document}\n\nquestion: {question}"},
+            ],
+            "max_tokens": answer,
+            "timestamp": t,
+        }
+        yield from_body(body, f"hotspot[{i}]")

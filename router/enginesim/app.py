@@ -30,6 +30,9 @@ a fault replaces the pending one.
         answer is cut after half its body)
     POST /fault {"mode": "clear"}
         drop the pending fault
+
+Test hook, reported load: ``POST /load {"waiting": N}`` makes /metrics (and /stats) report N
+more waiting requests than the engine really has, as if other clients queued them; 0 stops.
 """
 
 from __future__ import annotations
@@ -283,6 +286,20 @@ async def tokenize(request: web.Request) -> web.Response:
     return _json({"tokens": ids, "count": len(ids), "max_model_len": MAX_MODEL_LEN})
 
 
+async def extra_load(request: web.Request) -> web.Response:
+    """POST /load: report extra waiting requests (a test hook, see the module docstring)."""
+    engine = request.app[ENGINE]
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        body = None
+    waiting = body.get("waiting") if isinstance(body, dict) else None
+    if not isinstance(waiting, int) or isinstance(waiting, bool) or not 0 <= waiting <= 1_000_000:
+        raise BadRequest("'waiting' must be an integer from 0 to 1000000", param="waiting")
+    engine.extra_waiting = waiting
+    return _json({"waiting": waiting})
+
+
 async def fault(request: web.Request) -> web.Response:
     """POST /fault: arm or clear an injected fault (a test hook, see the module docstring)."""
     engine = request.app[ENGINE]
@@ -320,6 +337,7 @@ def build_app(settings: SimSettings) -> web.Application:
             web.get("/stats", stats),
             web.post("/reset", reset),
             web.post("/fault", fault),
+            web.post("/load", extra_load),
             web.post("/tokenize", tokenize),
         ]
     )

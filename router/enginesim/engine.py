@@ -3,7 +3,9 @@
 The cache and the timing are the offline simulator's engine model
 (``router.core.engine_model``); this class adds what a served engine has on top: wall-clock
 admission (``now`` is injected, so tests drive it), the requests in flight (vLLM's running and
-waiting gauges), totals for ``/stats`` and ``/metrics``, and the fault the next requests play.
+waiting gauges, and its KV use: the blocks running requests hold, ``engine_model.kv_in_use``;
+a prefix cache full of finished requests' blocks is reusable, not in use), totals for
+``/stats`` and ``/metrics``, and the fault the next requests play.
 Nothing here does I/O.
 """
 
@@ -15,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from router.core.engine_model import EngineClock, EngineSpec, PrefixCache, Schedule
+from router.core.engine_model import EngineClock, EngineSpec, PrefixCache, Schedule, kv_in_use
 
 if TYPE_CHECKING:
     from router.enginesim.kv_publisher import EventSettings
@@ -86,6 +88,10 @@ class Engine:
         self.fault: Fault | None = None
         self.started = int(time.time())
         self._inflight: dict[int, Schedule] = {}
+        self._prompts: dict[int, tuple[int, int]] = {}  # in flight: (prompt, cached) tokens
+        # Test hook (POST /load): requests reported waiting on top of the real ones, as if
+        # other clients queued them.
+        self.extra_waiting = 0
         self._ids = itertools.count()
 
     def admit(self, keys: Sequence[int], prompt_tokens: int, output_tokens: int) -> Ticket:
@@ -102,12 +108,14 @@ class Engine:
         c.cached_tokens += cached
         ticket = Ticket(next(self._ids), cached, schedule)
         self._inflight[ticket.rid] = schedule
+        self._prompts[ticket.rid] = (prompt_tokens, cached)
         return ticket
 
     def release(self, ticket: Ticket) -> None:
         """Forget a finished, failed or abandoned request; count the tokens it did send."""
         # The clock keeps an abandoned request's slot until its planned end (it has no abort),
         # but the running and waiting gauges follow the requests actually in flight.
+        self._prompts.pop(ticket.rid, None)
         if self._inflight.pop(ticket.rid, None) is not None:
             self.counters.completion_tokens += ticket.emitted
 
@@ -115,11 +123,18 @@ class Engine:
         """In-flight requests as (running, waiting): waiting ones have not begun prefill."""
         now = self.now()
         waiting = sum(1 for s in self._inflight.values() if s.prefill_start > now)
-        return len(self._inflight) - waiting, waiting
+        return len(self._inflight) - waiting, waiting + self.extra_waiting
 
     def cache_usage(self) -> float:
-        """The share of the prefix cache in use, from 0 to 1."""
-        return min(1.0, self.cache.tokens / self.settings.spec.capacity_tokens)
+        """The share of the KV cache running requests hold, from 0 to 1 (vLLM's meaning)."""
+        now = self.now()
+        rate = self.settings.spec.decode_tokens_per_s
+        held = [
+            (*self._prompts[rid], int(max(0.0, now - s.first_token) * rate))
+            for rid, s in self._inflight.items()
+            if s.prefill_start <= now
+        ]
+        return min(1.0, kv_in_use(held) / self.settings.spec.capacity_tokens)
 
     def take_fault(self) -> Fault | None:
         """The fault for the request arriving now, if one is pending; uses up one count."""

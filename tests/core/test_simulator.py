@@ -12,7 +12,7 @@ import pytest
 from router.commands.traces import read_trace
 from router.core.engine_model import EngineClock, EngineSpec, PrefixCache
 from router.core.policy import load_policy
-from router.core.simulator import Fleet, simulate
+from router.core.simulator import Fleet, simulate, simulate_policy
 from router.core.stats import percentile
 from router.core.workload import (
     MOONCAKE_BLOCK_TOKENS,
@@ -147,3 +147,44 @@ def test_simulate_cli_table_and_bad_policy(tmp_path: Path) -> None:
     bad.write_text("name: x\npicker: sideways\n")
     res = subprocess.run([*base, "--policy", str(bad)], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 1 and "picker: must be one of" in res.stderr
+
+
+def test_occupancy_reports_running_waiting_and_kv_use() -> None:
+    from router.core.engine_model import EngineClock, EngineSpec, Occupancy
+
+    spec = EngineSpec(capacity_tokens=10_000, max_batch=1, decode_tokens_per_s=10.0)
+    clock, occ = EngineClock(spec), Occupancy(spec)
+    a = clock.admit(0.0, 1000, 20)  # prefill 0.1 s, decode 2 s
+    occ.add(a, 1000, 0)
+    b = clock.admit(0.0, 500, 10)  # waits for the one slot
+    occ.add(b, 600, 100)
+    running, waiting, usage = occ.report(1.1)
+    assert (running, waiting) == (1, 1)
+    assert usage == pytest.approx((1000 + 10) / 10_000)
+    assert occ.report(a.done + 0.01)[:2] == (1, 0)
+    assert occ.report(b.done)[:2] == (0, 0)
+
+
+def test_hotspot_workload_deterministic_with_a_burst_of_one_document() -> None:
+    from router.core.workload import HotspotSpec, SyntheticSpec, hotspot
+
+    spec = HotspotSpec(chat=SyntheticSpec(requests=300, rate_per_s=4.0), burst_start_s=20.0)
+    first, second = list(hotspot(spec)), list(hotspot(spec))
+    assert [r.engine_keys for r in first] == [r.engine_keys for r in second]
+    doc = [r for r in first if r.session is None]
+    in_burst = [r for r in first if 20.0 <= r.timestamp < 20.0 + spec.burst_seconds]
+    assert doc and all(r.engine_keys[:50] == doc[0].engine_keys[:50] for r in doc)
+    share = sum(1 for r in in_burst if r.session is None) / len(in_burst)
+    assert share > spec.document_share
+
+
+def test_simulate_engine_reports_change_the_decisions() -> None:
+    from router.core.workload import HotspotSpec, SyntheticSpec, hotspot
+
+    trace = list(hotspot(HotspotSpec(chat=SyntheticSpec(requests=400, rate_per_s=12.0))))
+    policy = load_policy(preset_path("kv-aware"))
+    spec = EngineSpec(capacity_tokens=200_000)
+    blind = simulate_policy(policy, trace, Fleet(4, spec, report_interval=0.0))
+    seen = simulate_policy(policy, trace, Fleet(4, spec, report_interval=0.5))
+    assert blind.requests == seen.requests == 400
+    assert (blind.cached_tokens, blind.ttft_p99) != (seen.cached_tokens, seen.ttft_p99)

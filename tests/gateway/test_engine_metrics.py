@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,6 +21,7 @@ from router.gateway.engine_metrics import (
 )
 from router.presets import preset_path
 from tests.fakes import FakeClock, FakeEngine, FakeUpstream
+from tests.support import Proc, http_json, metric, running, start_kvrouter, wait_until
 
 # Written from the engines' documented metric names, in the shape their servers print them.
 VLLM = b"""\
@@ -215,3 +219,64 @@ async def test_scraper_disabled_returns_at_once() -> None:
     )
     await scraper.run()
     assert core.loads.reporting_engines() == ()
+
+
+# -- live: kvrouter serve in front of engine-sim processes -----------------------------------
+
+LIVE_CONFIG = """
+policy: kv-aware
+health: {interval_seconds: 0.2, timeout_seconds: 2}
+engine_metrics: {interval_seconds: 0.1, timeout_seconds: 1}
+"""
+
+
+def _stats(engine: Proc) -> dict[str, Any]:
+    result: dict[str, Any] = http_json(f"{engine.url}/stats")
+    return result
+
+
+def _waiting_reported(router: Proc, engine: Proc) -> float:
+    try:
+        return metric(
+            router, "kvrouter_backend_reported_requests", backend=engine.url, state="waiting"
+        )
+    except (KeyError, ValueError, LookupError):
+        return -1.0
+
+
+@pytest.mark.integration
+def test_live_engine_reporting_50_waiting_gets_nothing_new_while_peers_are_free(
+    tmp_path: Path,
+) -> None:
+    with running([]) as procs:
+        engines = [start_kvrouter(["engine-sim", "--fast"], tmp_path) for _ in range(3)]
+        procs.extend(engines)
+        config = tmp_path / "serve.yaml"
+        config.write_text(LIVE_CONFIG)
+        args = ["serve", "--config", str(config), "--host", "127.0.0.1"]
+        for e in engines:
+            args += ["--backend", e.url]
+        router = start_kvrouter(args, tmp_path, ready_path="/ready")
+        procs.append(router)
+        busy, *free = engines
+        http_json(f"{busy.url}/load", {"waiting": 50})
+        wait_until(lambda: _waiting_reported(router, busy) == 50, "the router sees 50 waiting")
+
+        def ask(i: int) -> None:
+            body = {"model": "sim-model", "prompt": f"question {i} " * 200, "max_tokens": 2}
+            http_json(f"{router.url}/v1/completions", body)
+
+        for i in range(12):
+            ask(i)
+        assert _stats(busy)["requests"] == 0  # this router never sent it anything either
+        assert sum(_stats(e)["requests"] for e in free) == 12
+
+        # Once it reports an empty queue it takes work again (bounded: 30 more requests).
+        http_json(f"{busy.url}/load", {"waiting": 0})
+        wait_until(lambda: _waiting_reported(router, busy) == 0, "the queue reported empty")
+        for i in range(12, 42):
+            ask(i)
+            if _stats(busy)["requests"]:
+                break
+        assert _stats(busy)["requests"] > 0
+        assert router.stop() == 0
