@@ -131,6 +131,90 @@ def decide(
     return core.decide(inbound.text, cands, s.clock(), session, tokenized=tokenized)
 
 
+class Deadline:
+    """The one timer behind an attempt's waits on its engine: the first byte, then each read.
+
+    ``asyncio.timeout`` around every read creates and cancels a timer per chunk. Here a wait
+    only moves ``at`` forward, and the timer, when it fires before the deadline in force,
+    re-arms itself for it: a stream gets one timer per idle period, not one per chunk. When a
+    wait outlives its deadline the task is cancelled, and ``expired`` tells that cancellation
+    from any other (a client that left), the way ``asyncio.timeout`` does.
+    """
+
+    __slots__ = (
+        "_cancelled",
+        "_cancelling",
+        "_handle",
+        "_handle_at",
+        "_loop",
+        "_task",
+        "_waiting",
+        "at",
+    )
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None, "a Deadline guards the task that creates it"
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._handle: asyncio.TimerHandle | None = None
+        self._handle_at = 0.0
+        self._waiting = False
+        self._cancelled = False  # this deadline cancelled the task
+        self.at = 0.0
+
+    def start(self, seconds: float) -> None:
+        """A wait begins that may last ``seconds``; call ``stop`` when it ends."""
+        self.at = at = self._loop.time() + seconds
+        self._waiting = True
+        if self._handle is not None and self._handle_at <= at:
+            return  # fires first, then re-arms for ``at``
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = self._loop.call_at(at, self._fire)
+        self._handle_at = at
+
+    def stop(self) -> None:
+        """The wait ended (with bytes, an error or a cancellation)."""
+        self._waiting = False
+
+    def expired(self) -> bool:
+        """On a CancelledError: True when this deadline cancelled the task, and nothing else."""
+        if not self._cancelled:
+            return False
+        self._cancelled = False
+        return self._task.uncancel() <= self._cancelling
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        if not self._waiting:
+            return  # nothing to cut short; the next wait arms a timer again
+        if self._loop.time() < self.at:
+            self._handle = self._loop.call_at(self.at, self._fire)
+            self._handle_at = self.at
+            return
+        self._cancelled = True
+        self._task.cancel()
+
+
+class EventStream(web.StreamResponse):
+    """A streamed response whose head leaves with its first bytes, in one send.
+
+    aiohttp's ``StreamResponse`` sends its head at ``prepare()``, one more syscall, TCP segment
+    and client wake-up per stream than needed; ``web.Response`` holds its head back for the
+    body through the class attribute below. It is private to aiohttp, so
+    tests/gateway/test_exchange.py pins that a stream's head and first event leave in one write.
+    """
+
+    _send_headers_immediately = False
+
+
 class Exchange:
     """One client request, from its body to its last byte; the one owner of its life."""
 
@@ -279,18 +363,23 @@ class Exchange:
         first_byte = s.timeouts.first_byte_seconds
         resp: UpstreamResponse | None = None
         finished = False  # the body was read to its end: the connection can be reused
+        deadline = Deadline()
         try:
+            deadline.start(first_byte)
             try:
-                async with asyncio.timeout(first_byte):
-                    resp = await s.upstream.send(
-                        UpstreamRequest(engine, self.route, tuple(headers), raw)
-                    )
-                    first = await resp.read_chunk()
-            except TimeoutError:
-                msg = f"{engine} sent no response within {first_byte:g}s"
-                raise FirstByteTimeout(msg, engine) from None
+                resp = await s.upstream.send(
+                    UpstreamRequest(engine, self.route, tuple(headers), raw)
+                )
+                first = await resp.read_chunk()
+            except asyncio.CancelledError:
+                if deadline.expired():
+                    msg = f"{engine} sent no response within {first_byte:g}s"
+                    raise FirstByteTimeout(msg, engine) from None
+                raise
+            finally:
+                deadline.stop()
             if resp.status >= 500:
-                body = await self._read_rest(resp, engine, first, MAX_ERROR_BODY_BYTES)
+                body = await self._read_rest(resp, engine, first, MAX_ERROR_BODY_BYTES, deadline)
                 finished = True
                 ctype = resp.headers.get("Content-Type", "application/json")
                 raise UpstreamStatus(engine, resp.status, body, ctype)
@@ -298,15 +387,16 @@ class Exchange:
                 self._first_byte(lease)
             ctype = resp.headers.get("Content-Type", "")
             if resp.status == 200 and ctype.startswith("text/event-stream") and first:
-                out, finished = await self._relay(resp, engine, first)
+                out, finished = await self._relay(resp, engine, first, deadline)
                 return out
-            body = await self._read_rest(resp, engine, first, MAX_RESPONSE_BYTES)
+            body = await self._read_rest(resp, engine, first, MAX_RESPONSE_BYTES, deadline)
             finished = True
             self._answered(engine, resp.status)
             if resp.status == 200 and self.route in GENERATION_ROUTES:
                 self._count_usage(body_usage(body))
             return web.Response(status=resp.status, body=body, headers=client_headers(resp.headers))
         finally:
+            deadline.close()
             if resp is not None:
                 if finished:
                     resp.release()
@@ -322,30 +412,35 @@ class Exchange:
             self.s.metrics.usage(*counts)
 
     async def _read_rest(
-        self, resp: UpstreamResponse, engine: str, first: bytes, limit: int
+        self, resp: UpstreamResponse, engine: str, first: bytes, limit: int, deadline: Deadline
     ) -> bytes:
         """The rest of a body after its first chunk (idle timeout per read)."""
         parts = [first]
         size = len(first)
         chunk = first
         while chunk:
-            chunk = await self._next_chunk(resp, engine)
+            chunk = await self._next_chunk(resp, engine, deadline)
             parts.append(chunk)
             size += len(chunk)
             if size > limit:
                 raise ResponseTooLarge(f"{engine} answered with more than {limit} bytes")
         return b"".join(parts)
 
-    async def _next_chunk(self, resp: UpstreamResponse, engine: str) -> bytes:
+    async def _next_chunk(self, resp: UpstreamResponse, engine: str, deadline: Deadline) -> bytes:
+        """The engine's next bytes, within the idle timeout; b"" at the end."""
         idle = self.s.timeouts.idle_stream_seconds
+        deadline.start(idle)
         try:
-            async with asyncio.timeout(idle):
-                return await resp.read_chunk()
-        except TimeoutError:
-            raise IdleStreamTimeout(f"{engine} sent nothing for {idle:g}s", engine) from None
+            return await resp.read_chunk()
+        except asyncio.CancelledError:
+            if deadline.expired():
+                raise IdleStreamTimeout(f"{engine} sent nothing for {idle:g}s", engine) from None
+            raise
+        finally:
+            deadline.stop()
 
     async def _relay(
-        self, resp: UpstreamResponse, engine: str, first: bytes
+        self, resp: UpstreamResponse, engine: str, first: bytes, deadline: Deadline
     ) -> tuple[web.StreamResponse, bool]:
         """Relay an event stream as it arrives; True when the engine's stream ended cleanly.
 
@@ -354,12 +449,12 @@ class Exchange:
         connection, which stops its generation).
         """
         m = self.s.metrics
-        out = web.StreamResponse(status=resp.status, headers=client_headers(resp.headers))
+        out = EventStream(status=resp.status, headers=client_headers(resp.headers))
         tail = UsageTail()
         tail.feed(first)
         chunk, ttft = first, True
         try:
-            await out.prepare(self.request)  # headers leave with the first bytes, in one send
+            await out.prepare(self.request)  # the head waits for the first bytes (EventStream)
             try:
                 while True:
                     if resp.finished():
@@ -374,7 +469,7 @@ class Exchange:
                         # The client may hang up the moment it reads this (the openai client
                         # does); the request is answered now, not when the engine closes.
                         self._delivered(engine, resp.status, tail)
-                    chunk = await self._next_chunk(resp, engine)
+                    chunk = await self._next_chunk(resp, engine, deadline)
                     if not chunk:
                         with contextlib.suppress(ConnectionResetError):
                             await out.write_eof()

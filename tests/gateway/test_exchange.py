@@ -14,11 +14,13 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import aiohttp
 import orjson
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.http_writer import StreamWriter
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -711,3 +713,184 @@ async def test_proxy_body_trickling_past_deadline_408(
             assert resp.status == 408
             assert (await resp.json())["error"]["code"] == "request_timeout"
         assert r.up.sent == []
+
+
+# -- relay mechanics: one send for head and first event, one timer per stream, coalescing ------
+
+
+async def test_event_stream_head_and_first_event_leave_in_one_write() -> None:
+    # Pins the aiohttp attribute EventStream relies on (_send_headers_immediately): if a new
+    # aiohttp sends the head at prepare() again, this fails.
+    writes: list[bytes] = []
+    transport = mock.Mock(is_closing=lambda: False)
+    transport.write.side_effect = lambda d: writes.append(bytes(d))
+    transport.writelines.side_effect = lambda ds: writes.append(b"".join(ds))
+    protocol = mock.Mock(transport=transport, _paused=False)
+    writer = StreamWriter(protocol, asyncio.get_running_loop())
+    request = make_mocked_request(
+        "POST", CHAT, writer=writer, protocol=protocol, transport=transport
+    )
+    out = exchange_module.EventStream(headers=SSE)
+    await out.prepare(request)
+    assert writes == []
+    await out.write(b"data: 1\n\n")
+    (sent,) = writes
+    assert sent.startswith(b"HTTP/1.1 200 OK\r\n") and sent.endswith(b"data: 1\n\n\r\n")
+    await out.write_eof()
+    assert writes[1:] == [b"0\r\n\r\n"]
+
+
+async def wait_on(deadline: exchange_module.Deadline, seconds: float, pause: float) -> str:
+    """One guarded wait of ``pause`` seconds: "ok", "expired" or "cancelled"."""
+    deadline.start(seconds)
+    try:
+        await asyncio.sleep(pause)
+        return "ok"
+    except asyncio.CancelledError:
+        return "expired" if deadline.expired() else "cancelled"
+    finally:
+        deadline.stop()
+
+
+async def test_deadline_short_waits_never_expire_however_long_the_stream() -> None:
+    async def stream() -> list[str]:
+        deadline = exchange_module.Deadline()
+        try:
+            # 25 waits of 10 ms against a 100 ms limit: 250 ms in all, each well inside.
+            return [await wait_on(deadline, 0.1, 0.01) for _ in range(25)]
+        finally:
+            deadline.close()
+
+    assert await asyncio.wait_for(stream(), 10) == ["ok"] * 25
+
+
+async def test_deadline_shorter_wait_after_longer_expires_on_its_own_limit() -> None:
+    async def attempt() -> list[str]:
+        deadline = exchange_module.Deadline()
+        try:
+            first = await wait_on(deadline, 30, 0)  # a first byte allowed 30 s, there at once
+            idle = await wait_on(deadline, 0.05, 30)  # then an idle limit of 50 ms
+            return [first, idle]
+        finally:
+            deadline.close()
+
+    # Well before the first wait's 30 s: the timer was brought forward for the second.
+    assert await asyncio.wait_for(attempt(), 10) == ["ok", "expired"]
+
+
+async def test_deadline_other_cancellation_is_not_a_timeout() -> None:
+    results: list[str] = []
+    waiting = asyncio.Event()
+
+    async def attempt() -> None:
+        deadline = exchange_module.Deadline()
+        try:
+            deadline.start(30)
+            waiting.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                results.append("expired" if deadline.expired() else "cancelled")
+                raise
+            finally:
+                deadline.stop()
+        finally:
+            deadline.close()
+
+    task = asyncio.create_task(attempt())
+    await waiting.wait()
+    task.cancel()  # the client left
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert results == ["cancelled"]
+
+
+@dataclasses.dataclass
+class StreamingEngine:
+    """An engine on loopback that streams ``first`` in one write, then ``rest`` when told."""
+
+    first: list[bytes]
+    rest: list[bytes]
+    release: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    url: str = ""
+
+    @staticmethod
+    def frame(events: list[bytes]) -> bytes:
+        return b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                     if line.lower().startswith(b"content-length:")),
+                    0,
+                )  # fmt: skip
+                await reader.readexactly(length)
+                if head.startswith(b"GET /v1/models"):
+                    body = b'{"object": "list", "data": [{"id": "m", "object": "model"}]}'
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                    )
+                elif head.startswith(b"GET"):
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                else:
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n" + self.frame(self.first)
+                    )
+                    await self.release.wait()
+                    writer.write(self.frame(self.rest) + b"0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_proxy_real_upstream_events_that_come_together_relayed_at_once_in_order(
+    tmp_path: Path,
+) -> None:
+    events = [
+        sse.encode(orjson.dumps({"choices": [{"delta": {"content": f"t{i}"}}]})) for i in range(6)
+    ]
+    engine = StreamingEngine(events[:3], [*events[3:], sse.DONE])
+    server = await asyncio.start_server(engine.serve, "127.0.0.1", 0)
+    engine.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    timeouts = Timeouts(connect_seconds=2, first_byte_seconds=5, idle_stream_seconds=5)
+    gw = Gateway(config(engine.url, timeouts=timeouts), policy, environ={})
+    client = TestClient(TestServer(build_app(gw)))
+    await client.start_server()
+    try:
+        for _ in range(200):
+            if (await client.get("/ready")).status == 200:
+                break
+            await asyncio.sleep(0.01)
+        async with client.post(CHAT, json=chat(stream=True)) as resp:
+            assert resp.status == 200
+            got = b""
+            # The first three events reach the client while the engine holds back the rest:
+            # what has arrived is relayed, never held for more.
+            for _ in range(100):
+                if len(got) >= len(b"".join(events[:3])):
+                    break
+                got += await asyncio.wait_for(resp.content.readany(), 5)
+            assert got == b"".join(events[:3])
+            engine.release.set()
+            got += await resp.read()
+        assert got == b"".join([*events, sse.DONE])
+        decoded = sse.Decoder().feed(got)
+        assert [e.data for e in decoded[:-1]] == [e[6:-2].decode() for e in events]
+        assert decoded[-1].done
+        assert (
+            metric_value(
+                await (await client.get("/metrics")).text(), "kvrouter_requests_total", code="200"
+            )
+            == 1
+        )
+    finally:
+        await client.close()
+        server.close()
