@@ -229,6 +229,12 @@ class FlowControl:
     # Overrides the body's ``priority`` (vLLM's meaning: lower is served first).
     priority_header: str = "x-kvrouter-priority"
     retry_after_seconds: int = 1
+    # An engine whose own metrics (engine_metrics) report this many requests waiting inside it
+    # is full; 0 ignores the report. Its batch is full when it queues, so new requests are
+    # better ordered here, by priority and tenant, than in its FIFO.
+    engine_waiting_threshold: int = 1
+    # An engine reporting this share of its KV cache in use is full; 0 ignores it.
+    engine_kv_usage_threshold: float = 0.98
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,6 +519,8 @@ def _flow_control(f: _Fields | None) -> FlowControl:
         tenant_header=f.text("tenant_header", "x-kvrouter-tenant"),
         priority_header=f.text("priority_header", "x-kvrouter-priority"),
         retry_after_seconds=f.integer("retry_after_seconds", 1, 1, 3600),
+        engine_waiting_threshold=f.integer("engine_waiting_threshold", 1, 0, 1_000_000),
+        engine_kv_usage_threshold=f.number("engine_kv_usage_threshold", 0.98, 0.0, 1.0),
     )
     f.done()
     return out

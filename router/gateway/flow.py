@@ -99,16 +99,24 @@ class Admission:
         core: RoutingCore,
         metrics: Metrics,
         *,
-        engine_full: Callable[[str], bool] = lambda _e: False,
+        engine_full: Callable[[str], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.rules = rules
         self._core = core
         self._metrics = metrics
-        self._engine_full = engine_full
+        self._engine_full = engine_full or self._reported_full
         self._clock = clock
         self._queue: AdmissionQueue[_Slot] = AdmissionQueue(rules.max_queue)
         self._pending = 0  # woken, not yet resumed
+
+    def _reported_full(self, engine: str) -> bool:
+        """The engine's own fresh report says it is full (see FlowControl's thresholds)."""
+        r = self._core.loads.reported(engine, self._clock())
+        if r is None:
+            return False
+        w, kv = self.rules.engine_waiting_threshold, self.rules.engine_kv_usage_threshold
+        return bool((w and r.waiting >= w) or (kv and r.kv_usage >= kv))
 
     @property
     def waiting(self) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from router.gateway.config import FlowControl, Timeouts
+from router.gateway.config import EngineMetrics, FlowControl, Timeouts
 from router.gateway.errors import BadRequest
 from router.gateway.flow import priority_of, tenant_of
 from tests.fakes import FakeEngine, Script, openai_answer
@@ -196,3 +196,33 @@ async def test_flow_priority_reserve_lets_urgent_through_a_full_fleet(tmp_path: 
         assert await depth(r) == 1
         gate.set()
         assert [(await t)[0] for t in (first, normal, urgent)] == [200, 200, 200]
+
+
+def vllm_metrics(waiting: int) -> tuple[int, bytes]:
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{model_name="m"} 4\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        f'vllm:num_requests_waiting{{model_name="m"}} {waiting}\n'
+    )
+    return 200, text.encode()
+
+
+async def test_flow_engine_reporting_a_queue_holds_requests_until_it_drains(
+    tmp_path: Path,
+) -> None:
+    engine = FakeEngine(A, metrics=vllm_metrics(3))
+    scrape = EngineMetrics(interval_seconds=0.02, timeout_seconds=0.5)
+    async with rig(tmp_path, engine, engine_metrics=scrape, timeouts=SLOW) as r:
+        await until(lambda: _reported_waiting(r, 3), "the engine's queue reported")
+        task = asyncio.create_task(r.post(CHAT, chat("held")))
+        await until(lambda: _depth_is(r, 1), "the request held in the gateway's queue")
+        assert r.up.sent == []
+        engine.metrics = vllm_metrics(0)
+        assert (await task)[0] == 200
+        assert await r.metric("kvrouter_admitted_total", path="queued") == 1
+
+
+async def _reported_waiting(r: Rig, n: int) -> bool:
+    report = r.gw.core.loads.reported(A, r.gw.clock())
+    return report is not None and report.waiting == n
