@@ -8,7 +8,8 @@ Cut like hashicorp/memberlist, one concern per module:
   with the mutual-TLS credentials.
 - ``wire``: the generated messages, and conversions between them and this library's values.
 - ``auth``: the shared-secret MAC and the replay window.
-- ``envelope``: frames sealed into envelopes and opened, refusals counted by reason (no I/O).
+- ``envelope``: frames sealed into envelopes, each for one recipient, and opened; refusals
+  counted by reason (no I/O).
 - ``membership``: the SWIM member table (no I/O).
 - ``broadcast``: the retransmit-limited rumour queue.
 - ``store``: delta ids, retained delta bodies and load reports held by a node.

@@ -13,12 +13,14 @@ import hmac
 from collections import deque
 from dataclasses import dataclass
 
-# Domain separation: a MAC made for this protocol version is useless anywhere else.
+# Domain separation: a MAC made for this protocol (the proto package) is useless anywhere else;
+# its versions are told apart by the version inside the MAC'ed frame.
 MAC_CONTEXT = b"kvrouter.gossip.v1\0"
 
 
 class AuthError(Exception):
-    """A frame failed authentication; ``reason`` is a metric label (mac, replay, stale)."""
+    """A frame was refused; ``reason`` is its metric label (mac, malformed, recipient, stale,
+    replay)."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")

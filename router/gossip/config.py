@@ -17,6 +17,8 @@ from router.core.fields import ConfigError
 
 SECRET_ENV = "KVROUTER_GOSSIP_SECRET"
 DEFAULT_PORT = 7946
+# Hosts that bind every interface: nobody dials them, so they are never an advertised address.
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +218,7 @@ class GossipConfig:
         if self.advertise is not None:
             return self.advertise
         host, port = split_hostport(self.bind, "bind")
-        if host in ("0.0.0.0", "::", ""):
+        if host in WILDCARD_HOSTS:
             raise ConfigError(f"gossip bind {self.bind!r} is a wildcard: set advertise")
         return hostport.join(host, port)
 

@@ -30,10 +30,10 @@ from typing import Any
 from router.core.fields import ConfigError
 from router.gossip.auth import AuthError, ReplayGuard, Sealer
 from router.gossip.clock import Clock, SystemClock
-from router.gossip.config import GossipConfig, split_hostport
+from router.gossip.config import WILDCARD_HOSTS, GossipConfig, split_hostport
 from router.gossip.delegate import Delegate
 from router.gossip.discovery import Discovery, Resolver, system_resolver
-from router.gossip.envelope import EnvelopeCodec
+from router.gossip.envelope import EnvelopeCodec, body_of
 from router.gossip.membership import Member, State
 from router.gossip.snapshot import SnapshotSessions
 from router.gossip.state import NodeState
@@ -107,9 +107,10 @@ class GossipNode:
         bound = await self._transport.start(self._handle)
         self.address = self.config.advertise or bound
         host = split_hostport(self.address, "advertise")[0]
-        if host in ("0.0.0.0", "::", ""):
+        if host in WILDCARD_HOSTS:
             await self._transport.stop()
             raise ConfigError(f"gossip bound {bound!r} on a wildcard: set advertise")
+        self._envelopes.listening(self.address, bound)
         self._state.start(self.address, self._clock.now(), self._clock.wall())
         self._running = True
         t = self.tuning
@@ -217,7 +218,7 @@ class GossipNode:
             rumours = self._state.rumours(limit)
             if rumours is None:
                 break
-            self._spawn(peer.address, self._send_rumours(peer.address, rumours))
+            self._spawn(peer.address, self._send_rumours(peer, rumours))
 
     async def _probe(self) -> None:
         t, table = self.tuning, self._state.members
@@ -231,9 +232,7 @@ class GossipNode:
         helpers = [p for p in table.peers(State.ALIVE) if p.id != target.id]
         helpers = self._rng.sample(helpers, min(t.indirect_checks, len(helpers)))
         window = t.probe_interval - t.probe_timeout
-        reached = await asyncio.gather(
-            *(self._indirect(h.address, target, window) for h in helpers)
-        )
+        reached = await asyncio.gather(*(self._indirect(h, target, window) for h in helpers))
         if any(reached):
             return
         self._counters.probe_failures += 1
@@ -242,7 +241,8 @@ class GossipNode:
     async def _push_pull_random(self) -> None:
         peers = self._state.members.peers(State.ALIVE)
         if peers:
-            await self._push_pull(self._rng.choice(peers).address)
+            peer = self._rng.choice(peers)
+            await self._push_pull(peer.address, peer.id)
 
     async def _rejoin(self) -> None:
         table = self._state.members
@@ -255,68 +255,93 @@ class GossipNode:
     # -- outgoing exchanges --------------------------------------------------------------------
 
     # Timeouts go to the transport (a gRPC deadline, or the virtual clock), not asyncio.timeout.
-    async def _call(self, address: str, timeout: float | None = None, **body: Any) -> Any:  # noqa: ASYNC109
-        """One authenticated exchange; the reply's body message, or None on any failure."""
-        frame = self._envelopes.frame(self._clock.wall(), **body)
-        payload = self._envelopes.seal(frame)
+    async def _exchange(
+        self,
+        address: str,
+        node_id: str,
+        timeout: float | None = None,  # noqa: ASYNC109
+        **body: Any,
+    ) -> pb.Frame | None:
+        """One authenticated exchange with member ``node_id`` at ``address`` (a first contact
+        when ``node_id`` is empty); the reply frame, or None on any failure or a nack."""
+        request = self._envelopes.request(self._clock.wall(), node_id, address, **body)
+        payload = self._envelopes.seal(request)
         try:
             raw = await self._transport.call(address, payload, timeout or self.tuning.call_timeout)
         except TransportError as e:
             self._counters.call_failures += 1
             log.debug("gossip call from %s to %s failed: %s", self.node_id, address, e)
             return None
-        return self._envelopes.reply_body(raw, frame.nonce)
+        return self._envelopes.answer(raw, request)
+
+    async def _call(
+        self,
+        address: str,
+        node_id: str,
+        timeout: float | None = None,  # noqa: ASYNC109
+        **body: Any,
+    ) -> Any:
+        """``_exchange``, for the reply's body message (or None)."""
+        reply = await self._exchange(address, node_id, timeout, **body)
+        return None if reply is None else body_of(reply)
 
     async def _ping(self, address: str, target_id: str, timeout: float) -> bool:  # noqa: ASYNC109
         ping = pb.Ping(target_id=target_id, members=self._state.piggyback())
-        ack = await self._call(address, timeout, ping=ping)
+        ack = await self._call(address, target_id, timeout, ping=ping)
         if not isinstance(ack, pb.Ack):
             return False
         self._state.merge_members(ack.members, self._clock.now())
         return True
 
-    async def _indirect(self, helper: str, target: Member, timeout: float) -> bool:  # noqa: ASYNC109
+    async def _indirect(self, helper: Member, target: Member, timeout: float) -> bool:  # noqa: ASYNC109
         req = pb.IndirectPing(target_id=target.id, target_address=target.address)
-        reply = await self._call(helper, timeout, indirect_ping=req)
+        reply = await self._call(helper.address, helper.id, timeout, indirect_ping=req)
         return isinstance(reply, pb.IndirectAck) and reply.reached
 
-    async def _send_rumours(self, address: str, rumours: pb.Rumours) -> None:
-        reply = await self._call(address, rumours=rumours)
+    async def _send_rumours(self, peer: Member, rumours: pb.Rumours) -> None:
+        reply = await self._call(peer.address, peer.id, rumours=rumours)
         if not isinstance(reply, pb.RumoursReply):
             return
         bodies = self._state.apply_rumours_reply(reply, self._clock.now())
         if bodies:
-            await self._call(address, updates=pb.Updates(deltas=bodies))
+            await self._call(peer.address, peer.id, updates=pb.Updates(deltas=bodies))
 
-    async def _push_pull(self, address: str) -> bool:
-        reply = await self._call(address, push_pull=self._state.push_pull())
-        if not isinstance(reply, pb.PushPullReply):
+    async def _push_pull(self, address: str, node_id: str = "") -> bool:
+        """Anti-entropy with member ``node_id``, or with whoever answers at ``address``."""
+        frame = await self._exchange(address, node_id, push_pull=self._state.push_pull())
+        reply = None if frame is None else body_of(frame)
+        if frame is None or not isinstance(reply, pb.PushPullReply):
             return False
+        # A first contact learns the peer's id from its (authenticated) reply: what follows
+        # is for that node only.
+        peer_id = frame.sender
         updates = self._state.apply_push_pull_reply(reply, self._clock.now(), self._clock.wall())
         if updates is not None:
-            await self._call(address, updates=updates)
+            await self._call(address, peer_id, updates=updates)
         if reply.snapshot_advised:
-            self._catch_up(address)
+            self._catch_up(address, peer_id)
         return True
 
-    def _catch_up(self, address: str) -> None:
+    def _catch_up(self, address: str, node_id: str) -> None:
         now = self._clock.now()
         if self._catching_up or now - self._snapshot_at < self.tuning.snapshot_cooldown:
             return
         self._snapshot_at = now
-        self._spawn(f"snapshot:{address}", self._fetch_snapshot(address))
+        self._spawn(f"snapshot:{address}", self._fetch_snapshot(address, node_id))
 
-    async def _fetch_snapshot(self, address: str) -> None:
+    async def _fetch_snapshot(self, address: str, node_id: str) -> None:
         self._catching_up = True
         try:
             timeout = self.tuning.snapshot_timeout
-            first = await self._call(address, timeout, snapshot_request=pb.SnapshotRequest())
+            first = await self._call(
+                address, node_id, timeout, snapshot_request=pb.SnapshotRequest()
+            )
             if not isinstance(first, pb.SnapshotChunk) or first.chunks > MAX_SNAPSHOT_CHUNKS:
                 return
             self._delegate.restore_blocks(first.engines)
             for i in range(1, first.chunks):
                 req = pb.SnapshotRequest(snapshot_id=first.snapshot_id, chunk=i)
-                chunk = await self._call(address, timeout, snapshot_request=req)
+                chunk = await self._call(address, node_id, timeout, snapshot_request=req)
                 if not isinstance(chunk, pb.SnapshotChunk) or chunk.chunk != i:
                     return
                 self._delegate.restore_blocks(chunk.engines)
@@ -330,7 +355,7 @@ class GossipNode:
         peers = self._state.members.peers(State.ALIVE, State.SUSPECT)
         chosen = self._rng.sample(peers, min(self.tuning.fanout, len(peers)))
         rumours = pb.Rumours(members=[me])
-        await asyncio.gather(*(self._call(p.address, rumours=rumours) for p in chosen))
+        await asyncio.gather(*(self._call(p.address, p.id, rumours=rumours) for p in chosen))
 
     # -- serving -------------------------------------------------------------------------------
 
@@ -353,9 +378,7 @@ class GossipNode:
                     "gossip %s failed to serve %s from %s", self.node_id, kind, frame.sender
                 )
                 reply_kind, body = "nack", pb.Nack(reason="internal error")
-        reply = self._envelopes.frame(
-            self._clock.wall(), reply_to=frame.nonce, **{reply_kind: body}
-        )
+        reply = self._envelopes.reply(frame, self._clock.wall(), **{reply_kind: body})
         return self._envelopes.seal(reply)
 
     async def _on_ping(self, ping: pb.Ping) -> tuple[str, Any]:
@@ -365,6 +388,8 @@ class GossipNode:
         return "ack", pb.Ack(members=self._state.piggyback())
 
     async def _on_indirect_ping(self, req: pb.IndirectPing) -> tuple[str, Any]:
+        if not req.target_address:
+            return "nack", pb.Nack(reason="indirect ping without a target address")
         window = self.tuning.probe_interval - self.tuning.probe_timeout
         reached = await self._ping(req.target_address, req.target_id, 0.8 * window)
         return "indirect_ack", pb.IndirectAck(reached=reached)

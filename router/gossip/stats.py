@@ -35,6 +35,8 @@ class Counters:
     refused_replay: int = 0
     refused_stale: int = 0
     refused_malformed: int = 0
+    # Sealed for another node (a frame captured on its way elsewhere), or for no node.
+    refused_recipient: int = 0
     queue_dropped: int = 0
     errors: int = 0
 
@@ -90,6 +92,7 @@ def samples(stats: GossipStats) -> list[Sample]:
         Sample(f"{p}refused_total", {"reason": "replay"}, c.refused_replay),
         Sample(f"{p}refused_total", {"reason": "stale"}, c.refused_stale),
         Sample(f"{p}refused_total", {"reason": "malformed"}, c.refused_malformed),
+        Sample(f"{p}refused_total", {"reason": "recipient"}, c.refused_recipient),
         Sample(f"{p}queue_dropped_total", {}, c.queue_dropped),
         Sample(f"{p}errors_total", {}, c.errors),
         Sample(f"{p}queued_rumours", {}, stats.queued_rumours),

@@ -25,7 +25,8 @@ __all__ = [
     "to_digest",
 ]
 
-PROTOCOL_VERSION = 1
+# Version 2 binds every frame to its recipient (proto/gossip.proto, Recipients and Versions).
+PROTOCOL_VERSION = 2
 # The fully qualified gRPC method path, from the proto itself so the two cannot drift.
 SERVICE = pb.DESCRIPTOR.services_by_name["Gossip"].full_name
 EXCHANGE_PATH = f"/{SERVICE}/Exchange"

@@ -16,7 +16,16 @@ from router.core.load import Load
 from router.gossip.clock import ManualClock
 from router.gossip.config import LOCAL
 from router.gossip.membership import State
-from router.gossip.transport import Faults, TransportError
+from router.gossip.node import GossipNode
+from router.gossip.stats import samples
+from router.gossip.transport import (
+    Faults,
+    Handler,
+    InMemoryNetwork,
+    InMemoryTransport,
+    Transport,
+    TransportError,
+)
 from router.gossip.wire import PROTOCOL_VERSION, pb
 from tests.replica_fleet import Fleet, Replica
 
@@ -182,10 +191,144 @@ async def test_fleet_replayed_envelope_refused_and_counted(fleet: Fleet) -> None
     assert target.node.stats().counters.refused_replay == before + 1
 
 
+def frame_of(payload: bytes) -> pb.Frame:
+    frame: pb.Frame = pb.Frame.FromString(pb.Envelope.FromString(payload).frame)
+    return frame
+
+
+def recipient_of(frame: pb.Frame) -> tuple[str, str]:
+    """("id", node id) or ("address", HOST:PORT): whom ``frame`` is for."""
+    kind = frame.WhichOneof("recipient") or ""
+    return kind.removeprefix("recipient_"), getattr(frame, kind) if kind else ""
+
+
+def refused(replica: Replica, reason: str) -> float:
+    """``replica``'s kvrouter_gossip_refused_total{reason}."""
+    return sum(
+        s.value
+        for s in samples(replica.node.stats())
+        if s.name == "kvrouter_gossip_refused_total" and s.labels["reason"] == reason
+    )
+
+
+async def test_fleet_frame_for_one_replica_replayed_to_another_refused_as_recipient(
+    fleet: Fleet,
+) -> None:
+    rs = await fleet.start(3)
+    assert await fleet.settle(lambda: all_see(rs, 2), limit=2.0)
+    # r2 hears nothing from r0 or r1: anything it learns would come from the replayed frame.
+    for r in rs[:2]:
+        fleet.network.partition(r.address, rs[2].address)
+    captured: list[bytes] = []
+
+    def capture(src: str, dst: str, data: bytes) -> None:
+        frame = frame_of(data)
+        if dst == rs[1].address and frame.WhichOneof("body") == "updates" and frame.updates.deltas:
+            captured.append(data)
+
+    fleet.network.taps.append(capture)
+    rs[0].record("e", [1, 2])
+    assert await fleet.settle(lambda: bool(captured) and rs[1].contents() != {}, limit=2.0)
+    assert recipient_of(frame_of(captured[0])) == ("id", "r1")
+    with pytest.raises(TransportError, match="recipient"):
+        await fleet.network.deliver("10.9.9.9:1", rs[2].address, captured[0], timeout=1.0)
+    assert refused(rs[2], "recipient") == 1
+    assert rs[2].contents() == {}
+    # Its recipient had accepted it.
+    assert rs[1].contents() == {"e": frozenset({1, 2})}
+    assert refused(rs[1], "recipient") == 0
+
+
+def _replica(fleet: Fleet, name: str, transport: Transport, **config: object) -> Replica:
+    """A replica on ``fleet``'s network and clock, but with its own transport and settings."""
+    base = fleet.build(name)
+    cfg = dataclasses.replace(base.node.config, dns_name=None, **config)  # type: ignore[arg-type]
+    node = GossipNode(cfg, base.bridge, transport, clock=fleet.clock, seed=fleet.seed)
+    return dataclasses.replace(base, node=node, address=cfg.advertise or cfg.bind)
+
+
+async def test_fleet_seed_dialled_by_address_joins_then_named_by_id(fleet: Fleet) -> None:
+    rs = await fleet.start(2)
+    address = "10.0.9.1:7946"
+    sent: list[tuple[str, tuple[str, str]]] = []
+
+    def record_joiners(src: str, dst: str, data: bytes) -> None:
+        if src == address:
+            sent.append((dst, recipient_of(frame_of(data))))
+
+    fleet.network.taps.append(record_joiners)
+    joiner = _replica(fleet, "joiner", fleet.network.transport(address), seeds=(rs[0].address,))
+    await joiner.node.start()
+    try:
+        everyone = [*rs, joiner]
+        assert await fleet.settle(lambda: all_see(everyone, 2), limit=2.0)
+        await fleet.clock.advance(0.5)  # type: ignore[attr-defined]
+        # A first contact names the address dialled; once r0 has answered, its id.
+        assert sent[0] == (rs[0].address, ("address", rs[0].address))
+        assert {recipient for _, recipient in sent[1:]} <= {("id", "r0"), ("id", "r1")}
+        assert ("id", "r0") in {recipient for _, recipient in sent[1:]}
+        assert sum(refused(r, "recipient") for r in everyone) == 0
+    finally:
+        await joiner.node.stop(leave=False)
+
+
+class WildcardListener(InMemoryTransport):
+    """A listener bound on every interface: reached at each of ``addresses``."""
+
+    def __init__(self, network: InMemoryNetwork, port: int, addresses: list[str]) -> None:
+        super().__init__(network, addresses[0])
+        self.port = port
+        self.addresses = addresses
+
+    async def start(self, handler: Handler) -> str:
+        for address in self.addresses:
+            self.network._listen(address, handler)
+        return f"0.0.0.0:{self.port}"
+
+    async def stop(self) -> None:
+        for address in self.addresses:
+            self.network._close(address)
+
+
+async def test_fleet_wildcard_listeners_dialled_on_loopback_by_a_sibling_join(
+    fleet: Fleet,
+) -> None:
+    # Two workers of one pod: bound on every interface, advertising the pod's IP, and seeded
+    # with each other on loopback.
+    pod_ip = "10.0.7.7"
+    workers = []
+    for i, port in enumerate((7946, 7947)):
+        listener = WildcardListener(fleet.network, port, [f"{pod_ip}:{port}", f"127.0.0.1:{port}"])
+        sibling = f"127.0.0.1:{7947 - i}"
+        workers.append(
+            _replica(
+                fleet,
+                f"pod-w{i}",
+                listener,
+                bind=f"0.0.0.0:{port}",
+                advertise=f"{pod_ip}:{port}",
+                seeds=(sibling,),
+            )
+        )
+    named: list[tuple[str, str]] = []
+    fleet.network.taps.append(lambda src, dst, data: named.append(recipient_of(frame_of(data))))
+    for w in workers:
+        await w.node.start()
+    try:
+        assert await fleet.settle(lambda: all_see(workers, 1), limit=2.0)
+        assert ("address", "127.0.0.1:7946") in named and ("address", "127.0.0.1:7947") in named
+        assert sum(refused(w, "recipient") for w in workers) == 0
+    finally:
+        for w in workers:
+            await w.node.stop(leave=False)
+
+
 async def test_fleet_stale_frame_refused_as_stale(fleet: Fleet) -> None:
     rs = await fleet.start(2)
     sender = rs[0].node
-    frame = pb.Frame(version=PROTOCOL_VERSION, sender="r0", nonce=7, ping=pb.Ping())
+    frame = pb.Frame(
+        version=PROTOCOL_VERSION, sender="r0", nonce=7, recipient_id="r1", ping=pb.Ping()
+    )
     frame.sent_unix_ms = int((fleet.clock.wall() - 3600) * 1000)
     payload = sender._envelopes.seal(frame)
     with pytest.raises(TransportError, match="stale"):

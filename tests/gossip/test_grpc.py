@@ -6,6 +6,7 @@ Waits are bounded (``eventually``) and nothing asserts on how long something too
 from __future__ import annotations
 
 import asyncio
+import secrets
 import shutil
 import subprocess
 import time
@@ -145,6 +146,7 @@ async def test_grpc_plain_client_speaks_the_protocol(nodes: Nodes) -> None:
         sender="stub-client",
         sent_unix_ms=int(time.time() * 1000),
         nonce=12345,
+        recipient_id="a",
         ping=pb.Ping(target_id="a"),
     )
     data = frame.SerializeToString()
@@ -158,11 +160,60 @@ async def test_grpc_plain_client_speaks_the_protocol(nodes: Nodes) -> None:
         sealer.verify(reply.frame, reply.mac)
         answer = pb.Frame.FromString(reply.frame)
         assert answer.reply_to == 12345 and answer.WhichOneof("body") == "ack"
+        assert answer.recipient_id == "stub-client"
         # The same envelope again is a replay.
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await exchange(pb.Envelope(frame=data, mac=sealer.mac(data)), timeout=5)
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert a.node.stats().counters.refused_replay == 1
+
+
+def _sealed_ping(field: str, value: str) -> pb.Envelope:
+    """A ping from a stub client, sealed with the fleet's secret, for ``field`` = ``value``."""
+    frame = pb.Frame(
+        version=PROTOCOL_VERSION,
+        sender="stub-client",
+        sent_unix_ms=int(time.time() * 1000),
+        nonce=secrets.randbits(64) or 1,
+        ping=pb.Ping(),
+    )
+    if field:
+        setattr(frame, field, value)
+    data = frame.SerializeToString()
+    return pb.Envelope(frame=data, mac=Sealer(SECRET).mac(data))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "accepted"),
+    [
+        ("recipient_id", "a", True),
+        ("recipient_address", "{a}", True),
+        ("recipient_id", "b", False),
+        ("recipient_address", "127.0.0.1:1", False),
+        ("", "", False),
+    ],
+    ids=["own_id", "own_address", "another_id", "another_address", "no_recipient"],
+)
+async def test_grpc_plain_client_frame_for_another_node_unauthenticated_and_counted(
+    nodes: Nodes, field: str, value: str, accepted: bool
+) -> None:
+    a = await nodes.start("a")
+    envelope = _sealed_ping(field, value.format(a=a.address))
+    async with grpc.aio.insecure_channel(a.address) as channel:
+        exchange = channel.unary_unary(
+            "/kvrouter.gossip.v1.Gossip/Exchange",
+            request_serializer=pb.Envelope.SerializeToString,
+            response_deserializer=pb.Envelope.FromString,
+        )
+        if accepted:
+            reply = pb.Frame.FromString((await exchange(envelope, timeout=5)).frame)
+            assert reply.WhichOneof("body") == "ack"
+        else:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await exchange(envelope, timeout=5)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "recipient" in (e.value.details() or "")
+    assert a.node.stats().counters.refused_recipient == (0 if accepted else 1)
 
 
 async def test_grpc_stopped_node_dead_restarted_node_alive(nodes: Nodes) -> None:

@@ -27,12 +27,14 @@ class Envelope(_message.Message):
     def __init__(self, frame: _Optional[bytes] = ..., mac: _Optional[bytes] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("version", "sender", "sent_unix_ms", "nonce", "reply_to", "ping", "indirect_ping", "rumours", "updates", "push_pull", "snapshot_request", "ack", "indirect_ack", "rumours_reply", "push_pull_reply", "snapshot_chunk", "nack")
+    __slots__ = ("version", "sender", "sent_unix_ms", "nonce", "reply_to", "recipient_id", "recipient_address", "ping", "indirect_ping", "rumours", "updates", "push_pull", "snapshot_request", "ack", "indirect_ack", "rumours_reply", "push_pull_reply", "snapshot_chunk", "nack")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     SENT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     REPLY_TO_FIELD_NUMBER: _ClassVar[int]
+    RECIPIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    RECIPIENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PING_FIELD_NUMBER: _ClassVar[int]
     INDIRECT_PING_FIELD_NUMBER: _ClassVar[int]
     RUMOURS_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +52,8 @@ class Frame(_message.Message):
     sent_unix_ms: int
     nonce: int
     reply_to: int
+    recipient_id: str
+    recipient_address: str
     ping: Ping
     indirect_ping: IndirectPing
     rumours: Rumours
@@ -62,7 +66,7 @@ class Frame(_message.Message):
     push_pull_reply: PushPullReply
     snapshot_chunk: SnapshotChunk
     nack: Nack
-    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., sent_unix_ms: _Optional[int] = ..., nonce: _Optional[int] = ..., reply_to: _Optional[int] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., indirect_ping: _Optional[_Union[IndirectPing, _Mapping]] = ..., rumours: _Optional[_Union[Rumours, _Mapping]] = ..., updates: _Optional[_Union[Updates, _Mapping]] = ..., push_pull: _Optional[_Union[PushPull, _Mapping]] = ..., snapshot_request: _Optional[_Union[SnapshotRequest, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., indirect_ack: _Optional[_Union[IndirectAck, _Mapping]] = ..., rumours_reply: _Optional[_Union[RumoursReply, _Mapping]] = ..., push_pull_reply: _Optional[_Union[PushPullReply, _Mapping]] = ..., snapshot_chunk: _Optional[_Union[SnapshotChunk, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., sent_unix_ms: _Optional[int] = ..., nonce: _Optional[int] = ..., reply_to: _Optional[int] = ..., recipient_id: _Optional[str] = ..., recipient_address: _Optional[str] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., indirect_ping: _Optional[_Union[IndirectPing, _Mapping]] = ..., rumours: _Optional[_Union[Rumours, _Mapping]] = ..., updates: _Optional[_Union[Updates, _Mapping]] = ..., push_pull: _Optional[_Union[PushPull, _Mapping]] = ..., snapshot_request: _Optional[_Union[SnapshotRequest, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., indirect_ack: _Optional[_Union[IndirectAck, _Mapping]] = ..., rumours_reply: _Optional[_Union[RumoursReply, _Mapping]] = ..., push_pull_reply: _Optional[_Union[PushPullReply, _Mapping]] = ..., snapshot_chunk: _Optional[_Union[SnapshotChunk, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("id", "address", "incarnation", "state")
