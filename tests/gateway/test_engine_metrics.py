@@ -226,7 +226,7 @@ async def test_scraper_disabled_returns_at_once() -> None:
 LIVE_CONFIG = """
 policy: kv-aware
 health: {interval_seconds: 0.2, timeout_seconds: 2}
-engine_metrics: {interval_seconds: 0.1, timeout_seconds: 1}
+engine_metrics: {interval_seconds: 0.1, timeout_seconds: 1, stale_after_intervals: 50}
 """
 
 
