@@ -8,6 +8,12 @@ camelCase; the file's keys are the router's snake_case names.
 {{- if $r.backends.dns.name }}
 {{- $_ := set $backends "dns" (dict "name" $r.backends.dns.name "port" ($r.backends.dns.port | int) "scheme" $r.backends.dns.scheme "interval_seconds" ($r.backends.dns.intervalSeconds | int)) }}
 {{- end }}
+{{- $kv := $r.backends.kvEvents }}
+{{- if $kv.port }}
+{{- $_ := set $backends "kv_events" (dict "port" ($kv.port | int) "replay_port" ($kv.replayPort | int) "topic" $kv.topic) }}
+{{- else if or $kv.replayPort $kv.topic }}
+{{- fail "router.backends.kvEvents.port is required when replayPort or topic is set (0 turns KV events off)" }}
+{{- end }}
 {{- $tls := dict "cert_file" "" "key_file" "" "ca_file" "" }}
 {{- if .Values.gossip.tls.enabled }}
 {{- $dir := include "kvrouter.gossipTLSDir" . }}
