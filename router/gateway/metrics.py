@@ -45,7 +45,8 @@ GOSSIP_HELP: Mapping[str, str] = {
     ),
     "kvrouter_gossip_snapshots_total": "Whole-index snapshots sent to and received from peers.",
     "kvrouter_gossip_refused_total": (
-        "Gossip messages refused, never merged: bad MAC (wrong secret), replay, stale, malformed."
+        "Gossip messages refused, never merged: bad MAC (wrong secret), replay, stale, "
+        "malformed, or meant for another replica (recipient)."
     ),
     "kvrouter_gossip_queue_dropped_total": "Rumours dropped from full transmit queues.",
     "kvrouter_gossip_errors_total": "Internal errors in gossip loops and handlers.",
