@@ -136,9 +136,11 @@ class Deadline:
 
     ``asyncio.timeout`` around every read creates and cancels a timer per chunk. Here a wait
     only moves ``at`` forward, and the timer, when it fires before the deadline in force,
-    re-arms itself for it: a stream gets one timer per idle period, not one per chunk. When a
-    wait outlives its deadline the task is cancelled, and ``expired`` tells that cancellation
-    from any other (a client that left), the way ``asyncio.timeout`` does.
+    re-arms itself for it: a stream gets one timer per idle period, not one per chunk. The
+    timer is first armed for the ``shortest`` wait the attempt will make, so that moving from
+    a long first-byte limit to a shorter idle limit needs no new timer either. When a wait
+    outlives its deadline the task is cancelled, and ``expired`` tells that cancellation from
+    any other (a client that left), the way ``asyncio.timeout`` does.
     """
 
     __slots__ = (
@@ -147,16 +149,18 @@ class Deadline:
         "_handle",
         "_handle_at",
         "_loop",
+        "_shortest",
         "_task",
         "_waiting",
         "at",
     )
 
-    def __init__(self) -> None:
-        self._loop = asyncio.get_running_loop()
+    def __init__(self, shortest: float) -> None:
         task = asyncio.current_task()
         assert task is not None, "a Deadline guards the task that creates it"
         self._task = task
+        self._loop = task.get_loop()
+        self._shortest = shortest
         self._cancelling = task.cancelling()
         self._handle: asyncio.TimerHandle | None = None
         self._handle_at = 0.0
@@ -166,14 +170,15 @@ class Deadline:
 
     def start(self, seconds: float) -> None:
         """A wait begins that may last ``seconds``; call ``stop`` when it ends."""
-        self.at = at = self._loop.time() + seconds
+        now = self._loop.time()
+        self.at = at = now + seconds
         self._waiting = True
-        if self._handle is not None and self._handle_at <= at:
-            return  # fires first, then re-arms for ``at``
         if self._handle is not None:
+            if self._handle_at <= at:
+                return  # fires first, then re-arms for ``at``
             self._handle.cancel()
-        self._handle = self._loop.call_at(at, self._fire)
-        self._handle_at = at
+        self._handle_at = first = min(at, now + self._shortest)
+        self._handle = self._loop.call_at(first, self._fire)
 
     def stop(self) -> None:
         """The wait ended (with bytes, an error or a cancellation)."""
@@ -363,7 +368,7 @@ class Exchange:
         first_byte = s.timeouts.first_byte_seconds
         resp: UpstreamResponse | None = None
         finished = False  # the body was read to its end: the connection can be reused
-        deadline = Deadline()
+        deadline = Deadline(min(first_byte, s.timeouts.idle_stream_seconds))
         try:
             deadline.start(first_byte)
             try:

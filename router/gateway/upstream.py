@@ -30,7 +30,7 @@ from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 from aiohappyeyeballs import AddrInfoType
-from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
+from multidict import CIMultiDict, MultiMapping
 
 from router.gateway.errors import (
     BadRequest,
@@ -128,8 +128,11 @@ class WireError(ValueError):
 
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n]*)?")
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?")
+# Header lines, each with its CRLF: a token, a colon, a value without line breaks.
+_FIELD_LINES = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n]*\r\n)*")
+_FIELD_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n]*")
+# A chunk-size line with its CRLF: hex size, then optional (ignored) extensions.
+_CHUNK_HEAD = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r\n")
 _DIGITS = re.compile(r"[0-9]{1,18}")
 
 
@@ -157,7 +160,7 @@ class ResponseParser:
 
     def __init__(self) -> None:
         self.status = 0
-        self.headers: CIMultiDictProxy[str] | None = None
+        self.headers: CIMultiDict[str] | None = None
         self.body: list[bytes] = []
         self.buffered = 0  # bytes in ``body``, kept by the caller as it takes them
         self.complete = False
@@ -195,15 +198,10 @@ class ResponseParser:
                 pos += 2
                 self._state = _CHUNK_SIZE
             elif state == _CHUNK_SIZE:
-                eol = data.find(b"\r\n", pos, pos + MAX_CHUNK_LINE_BYTES + 2)
-                if eol < 0:
-                    if end - pos > MAX_CHUNK_LINE_BYTES:
-                        raise WireError(f"a chunk-size line is over {MAX_CHUNK_LINE_BYTES} bytes")
-                    self._pending = data[pos:]
+                pos = self._chunks(data, pos, end)
+                if self._state == _CHUNK_SIZE and pos < end:
+                    self._pending = data[pos:]  # an unfinished chunk-size line
                     return
-                self._left = _chunk_size(data[pos:eol])
-                pos = eol + 2
-                self._state = _CHUNK_DATA if self._left else _TRAILERS
             elif state == _HEAD:
                 eoh = data.find(b"\r\n\r\n", pos, pos + MAX_HEAD_BYTES + 4)
                 if eoh < 0:
@@ -234,6 +232,39 @@ class ResponseParser:
                 self.reusable = False
                 return
 
+    def _chunks(self, data: bytes, pos: int, end: int) -> int:
+        """Whole chunks from ``pos``, where a chunk-size line starts; returns where the rest
+        starts. An event stream is one chunk per event: this loop is the relay's hot path."""
+        body = self.body
+        match = _CHUNK_HEAD.match
+        taken = 0
+        while pos < end:
+            m = match(data, pos)
+            if m is None:
+                _check_chunk_line(data, pos, end)  # raises unless the line is unfinished
+                break
+            start = m.end()
+            if start - pos > MAX_CHUNK_LINE_BYTES + 2:
+                raise WireError(f"a chunk-size line is over {MAX_CHUNK_LINE_BYTES} bytes")
+            size = int(m[1], 16)
+            if not size:
+                self._state = _TRAILERS
+                pos = start
+                break
+            stop = start + size
+            if stop + 2 > end:  # the chunk goes on in later bytes
+                self._left = size
+                self._state = _CHUNK_DATA
+                pos = start
+                break
+            if data[stop] != 13 or data[stop + 1] != 10:
+                raise WireError("a chunk's data does not end with CRLF")
+            body.append(data[start:stop])
+            taken += size
+            pos = stop + 2
+        self.buffered += taken
+        return pos
+
     def eof(self) -> None:
         """The connection closed; raises ``WireError`` if the response was not complete."""
         if self._state == _UNTIL_CLOSE:
@@ -247,32 +278,34 @@ class ResponseParser:
         self.complete = True
 
     def _head(self, raw: bytes) -> None:
-        lines = raw.split(b"\r\n")
-        m = _STATUS_LINE.fullmatch(lines[0])
+        eol = raw.find(b"\r\n")
+        status_line, fields = (raw, b"") if eol < 0 else (raw[:eol], raw[eol + 2 :] + b"\r\n")
+        m = _STATUS_LINE.fullmatch(status_line)
         if m is None:
-            raise WireError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+            raise WireError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
         status = int(m[2])
+        http11 = m[1] == b"1"
         if status == 101:
             raise WireError("the engine switched protocols, which was never asked for")
         if status < 200:
             return  # an interim response (100 Continue, 103 Early Hints): the real one follows
+        if _FIELD_LINES.fullmatch(fields) is None:
+            bad = next(x for x in fields.split(b"\r\n") if not _FIELD_LINE.fullmatch(x))
+            raise WireError(f"not a header line: {bad[:80]!r}")
         headers: CIMultiDict[str] = CIMultiDict()
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or _TOKEN.fullmatch(name) is None:
-                raise WireError(f"not a header line: {line[:80]!r}")
-            headers.add(
-                name.decode("ascii"), value.strip(b" \t").decode("utf-8", "surrogateescape")
-            )
+        add = headers.add
+        # Names are ASCII (checked above); values may carry any other byte, kept as UTF-8 with
+        # escapes so that they go back out as they came.
+        for line in fields.decode("utf-8", "surrogateescape").split("\r\n")[:-1]:
+            name, _, value = line.partition(":")
+            add(name, value.strip(" \t"))
         self.status = status
-        self.headers = CIMultiDictProxy(headers)
-        connection = {
-            t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(",")
-        }
-        keep = m[1] == b"1" and "close" not in connection
-        codings = [
-            t.strip().lower() for v in headers.getall("Transfer-Encoding", ()) for t in v.split(",")
-        ]
+        self.headers = headers
+        keep = http11
+        if keep and "Connection" in headers:
+            keep = "close" not in _tokens(headers.getall("Connection"))
+        te = headers.getall("Transfer-Encoding", ())
+        codings = ["chunked"] if te == ["chunked"] else _tokens(te)
         if status in (204, 304):
             self.reusable = keep
             self._finish()
@@ -294,16 +327,18 @@ class ResponseParser:
             self._state = _UNTIL_CLOSE
 
 
-def _chunk_size(line: bytes) -> int:
-    if 0 < len(line) <= 16 and line.isalnum():
-        try:
-            return int(line, 16)
-        except ValueError:
-            pass  # letters beyond F: not hex
-    m = _CHUNK_LINE.fullmatch(line)
-    if m is None:
-        raise WireError(f"not a chunk-size line: {line[:80]!r}")
-    return int(m[1], 16)
+def _tokens(values: list[str] | tuple[()]) -> list[str]:
+    """The comma-separated tokens of a header's values, lower-cased, in order."""
+    return [t.strip().lower() for v in values for t in v.split(",") if t.strip()]
+
+
+def _check_chunk_line(data: bytes, pos: int, end: int) -> None:
+    """Raise unless the chunk-size line at ``pos`` is merely unfinished."""
+    eol = data.find(b"\r\n", pos, pos + MAX_CHUNK_LINE_BYTES + 2)
+    if eol >= 0:
+        raise WireError(f"not a chunk-size line: {data[pos:eol][:80]!r}")
+    if end - pos > MAX_CHUNK_LINE_BYTES:
+        raise WireError(f"a chunk-size line is over {MAX_CHUNK_LINE_BYTES} bytes")
 
 
 def _content_length(values: list[str]) -> int:

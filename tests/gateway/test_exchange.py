@@ -754,7 +754,7 @@ async def wait_on(deadline: exchange_module.Deadline, seconds: float, pause: flo
 
 async def test_deadline_short_waits_never_expire_however_long_the_stream() -> None:
     async def stream() -> list[str]:
-        deadline = exchange_module.Deadline()
+        deadline = exchange_module.Deadline(0.1)
         try:
             # 25 waits of 10 ms against a 100 ms limit: 250 ms in all, each well inside.
             return [await wait_on(deadline, 0.1, 0.01) for _ in range(25)]
@@ -764,9 +764,12 @@ async def test_deadline_short_waits_never_expire_however_long_the_stream() -> No
     assert await asyncio.wait_for(stream(), 10) == ["ok"] * 25
 
 
-async def test_deadline_shorter_wait_after_longer_expires_on_its_own_limit() -> None:
+@pytest.mark.parametrize("shortest", [0.05, 30], ids=["told-the-shortest", "told-nothing-shorter"])
+async def test_deadline_shorter_wait_after_longer_expires_on_its_own_limit(
+    shortest: float,
+) -> None:
     async def attempt() -> list[str]:
-        deadline = exchange_module.Deadline()
+        deadline = exchange_module.Deadline(shortest)
         try:
             first = await wait_on(deadline, 30, 0)  # a first byte allowed 30 s, there at once
             idle = await wait_on(deadline, 0.05, 30)  # then an idle limit of 50 ms
@@ -783,7 +786,7 @@ async def test_deadline_other_cancellation_is_not_a_timeout() -> None:
     waiting = asyncio.Event()
 
     async def attempt() -> None:
-        deadline = exchange_module.Deadline()
+        deadline = exchange_module.Deadline(30)
         try:
             deadline.start(30)
             waiting.set()
