@@ -6,10 +6,13 @@ import argparse
 from pathlib import Path
 
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from router.cli import main
 from router.commands import serve
-from router.core.fields import ConfigError
+from router.core.fields import MAX_YAML_BYTES, ConfigError
 from router.gateway.config import (
     Config,
     DnsEngines,
@@ -107,6 +110,10 @@ def test_config_empty_dns_name_means_no_dns() -> None:
         ("- a\n- b", "c.yaml: (top level): must be a mapping"),
         ("listen: {host: [", "c.yaml: line 1, column 17: invalid YAML"),
         ("extra: 1", "c.yaml: extra: unknown field"),
+        ("limits: {max_attempts: " + "9" * 400 + "}", "limits.max_attempts: must be an integer"),
+        ("timeouts: {connect_seconds: " + "9" * 400 + "}", "timeouts.connect_seconds: must be"),
+        ("1: a", "c.yaml: 1: unknown field"),
+        ("listen: !!timestamp x", "c.yaml: invalid YAML"),
     ],
     ids=lambda v: v if len(v) < 30 else v[:30],
 )
@@ -230,3 +237,57 @@ def test_serve_bad_policy_exits_2_with_message(
 def test_serve_no_engine_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--port", "0"]) == 2
     assert "no engines" in capsys.readouterr().err
+
+
+def test_config_file_over_size_limit_names_it(tmp_path: Path) -> None:
+    p = tmp_path / "serve.yaml"
+    p.write_text("limits: {max_attempts: 3}\n" + "#" * MAX_YAML_BYTES)
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value).startswith(f"{p}: ") and "limit" in str(e.value)
+
+
+def test_config_alias_bomb_refused() -> None:
+    bomb = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+        f"{k}: &{k} [{','.join(['*' + p] * 9)}]\n"
+        for p, k in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    with pytest.raises(ConfigError, match="aliases"):
+        load_config_text(bomb + "policy: *i\n", "bomb.yaml")
+
+
+# -- fuzzing: a config file is a Config or a ConfigError, never anything else ----------------
+
+config_keys = st.sampled_from(
+    ["listen", "host", "port", "policy", "policy_reload", "enabled", "interval_seconds",
+     "engines", "backends", "static", "dns", "name", "scheme", "models_refresh_seconds",
+     "health", "path", "timeout_seconds", "eject_after_failures", "timeouts",
+     "connect_seconds", "limits", "max_body_bytes", "max_attempts", "max_connections",
+     "header_timeout_seconds", "keepalive_timeout_seconds", "large_body_bytes",
+     "max_large_body_parses", "admin_token_env", "gossip", "peers", "tls", "cert_file",
+     "flow_control", "max_queue"]
+)  # fmt: skip
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**40), max_value=10**40)
+    | st.floats()
+    | st.text(max_size=12)
+    | st.sampled_from(["http://a:1", "a:1", "http", "/health", "lan"])
+)
+configs = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(config_keys | st.integers(), inner),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(configs.map(yaml.safe_dump), st.text(max_size=200)))
+def test_fuzz_config_any_file_config_or_config_error(text: str) -> None:
+    try:
+        got = load_config_text(text, "fuzz.yaml")
+    except ConfigError as e:
+        assert str(e).startswith("fuzz.yaml: ")
+        return
+    assert isinstance(got, Config)
