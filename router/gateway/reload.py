@@ -7,7 +7,10 @@ directory, so the path's target changes while the old file stays as it was. Read
 path each time follows the swap. SIGHUP (``request``) reloads at once, even unchanged content.
 
 A rejected file is reported once per distinct content (a log line with the file, the field
-and the reason), not on every poll.
+and the reason), not on every poll. The watcher reads and parses in a worker thread
+(``asyncio.to_thread``), so a large or hostile file never stalls the requests being served;
+the file's size, aliases and nesting are bounded by the loader (``router.core.fields``), and
+any failure, expected or not, leaves the live policy in place.
 """
 
 from __future__ import annotations
@@ -17,14 +20,26 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from router.core.fields import MAX_YAML_BYTES, show
 from router.core.policy import Policy, PolicyError, load_policy_text
 
 log = logging.getLogger(__name__)
 
 Result = Literal["success", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """What one look at the file found: nothing new, a policy, or a problem."""
+
+    digest: bytes | None = None  # of the content read (None: unreadable)
+    policy: Policy | None = None
+    problem: str | None = None
+    unchanged: bool = False
 
 
 def parse_policy_bytes(raw: bytes, where: str) -> Policy:
@@ -34,6 +49,12 @@ def parse_policy_bytes(raw: bytes, where: str) -> Policy:
     except UnicodeDecodeError as e:
         raise PolicyError(f"{where}: not UTF-8 text: {e}") from None
     return load_policy_text(text, where)
+
+
+def _read_capped(path: Path) -> bytes:
+    """The file's bytes, up to one past the loader's limit (enough to refuse it)."""
+    with path.open("rb") as f:
+        return f.read(MAX_YAML_BYTES + 1)
 
 
 class PolicyWatcher:
@@ -60,7 +81,7 @@ class PolicyWatcher:
     def load_initial(self) -> Policy:
         """The policy to start with; raises ``PolicyError`` (a gateway must not start without)."""
         try:
-            raw = self.path.read_bytes()
+            raw = _read_capped(self.path)
         except OSError as e:
             raise PolicyError(f"{self.path}: cannot read: {e.strerror or e}") from None
         policy = parse_policy_bytes(raw, str(self.path))
@@ -69,22 +90,38 @@ class PolicyWatcher:
 
     def check(self, force: bool = False) -> Result | None:
         """Reload when the content changed (or ``force``); None when nothing happened."""
+        return self._settle(self._read(force), force)
+
+    async def check_off_loop(self, force: bool = False) -> Result | None:
+        """``check``, reading and parsing in a worker thread; applying on the event loop."""
+        return self._settle(await asyncio.to_thread(self._read, force), force)
+
+    def _read(self, force: bool) -> _Read:
+        """Read and parse the file if it changed; touches nothing (runs in a thread)."""
         try:
-            raw = self.path.read_bytes()
+            raw = _read_capped(self.path)
         except OSError as e:
-            return self._reject(f"cannot read: {e.strerror or e}", None, force)
+            return _Read(problem=f"cannot read: {e.strerror or e}")
         digest = hashlib.sha256(raw).digest()
-        if digest == self._live and not force:
-            self._rejected = None  # back to the live content: a bad file again is news
-            return None
-        if digest == self._rejected and not force:
-            return None
+        if digest in (self._live, self._rejected) and not force:
+            return _Read(digest, unchanged=True)
         try:
-            policy = parse_policy_bytes(raw, str(self.path))
+            return _Read(digest, policy=parse_policy_bytes(raw, str(self.path)))
         except PolicyError as e:
-            return self._reject(str(e), digest, force)
+            return _Read(digest, problem=str(e))
+        except Exception as e:  # a bug, or a limit not thought of: the live policy stays
+            return _Read(digest, problem=f"unexpected {type(e).__name__}: {show(str(e))}")
+
+    def _settle(self, read: _Read, force: bool) -> Result | None:
+        if read.unchanged:
+            if read.digest == self._live:
+                self._rejected = None  # back to the live content: a bad file again is news
+            return None
+        if read.policy is None:
+            return self._reject(read.problem or "unreadable", read.digest, force)
+        policy = read.policy
         self._apply(policy)
-        self._live, self._rejected = digest, None
+        self._live, self._rejected = read.digest, None
         log.info("policy %s loaded from %s", policy.name, self.path)
         self._on_result("success")
         return "success"
@@ -113,4 +150,4 @@ class PolicyWatcher:
                     await self._wake.wait()
             self._wake.clear()
             force, self._forced = self._forced, False
-            self.check(force)
+            await self.check_off_loop(force)

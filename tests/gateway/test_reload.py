@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
+from router.core.fields import MAX_YAML_BYTES
 from router.core.policy import Policy, PolicyError
+from router.gateway import reload
 from router.gateway.reload import PolicyWatcher, Result
 from router.presets import preset_path
 
@@ -190,3 +193,88 @@ async def test_run_without_polling_only_request_reloads(tmp_path: Path) -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+# -- hostile files: refused quickly, off the event loop, the live policy kept ----------------
+
+
+def test_reload_alias_bomb_rejected_old_policy_stays(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    f = tmp_path / "policy.yaml"
+    f.write_text(GOOD)
+    rec = Recorder()
+    w = watcher(f, rec)
+    w.load_initial()
+    bomb = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+        f"{k}: &{k} [{','.join(['*' + p] * 9)}]\n"
+        for p, k in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    f.write_text(GOOD + bomb + "description: *i\n")
+    with caplog.at_level(logging.ERROR):
+        assert w.check() == "error"
+    assert rec.policies == [] and rec.results == ["error"]
+    assert f"{f}: line " in caplog.text and "aliases" in caplog.text
+
+
+def test_reload_oversized_file_rejected(tmp_path: Path) -> None:
+    f = tmp_path / "policy.yaml"
+    f.write_text(GOOD)
+    rec = Recorder()
+    w = watcher(f, rec)
+    w.load_initial()
+    f.write_text(OTHER + "#" * MAX_YAML_BYTES)
+    assert w.check() == "error"
+    assert rec.policies == []
+
+
+def test_reload_unexpected_error_keeps_policy_reported_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    f = tmp_path / "policy.yaml"
+    f.write_text(GOOD)
+    rec = Recorder()
+    w = watcher(f, rec)
+    w.load_initial()
+
+    def broken(raw: bytes, where: str) -> Policy:
+        raise RuntimeError("a bug in the loader")
+
+    monkeypatch.setattr(reload, "parse_policy_bytes", broken)
+    f.write_text(OTHER)
+    with caplog.at_level(logging.ERROR):
+        assert w.check() == "error"
+        assert w.check() is None  # the same content: reported once
+    assert rec.policies == [] and rec.results == ["error"]
+    assert "RuntimeError: 'a bug in the loader'" in caplog.text
+
+
+async def test_run_parses_in_a_worker_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = tmp_path / "policy.yaml"
+    f.write_text(GOOD)
+    rec = Recorder()
+    w = watcher(f, rec, interval=0.02)
+    w.load_initial()
+    threads: list[int] = []
+    real = reload.parse_policy_bytes
+
+    def spy(raw: bytes, where: str) -> Policy:
+        threads.append(threading.get_ident())
+        return real(raw, where)
+
+    monkeypatch.setattr(reload, "parse_policy_bytes", spy)
+    task = asyncio.create_task(w.run())
+    try:
+        f.write_text(OTHER)
+        for _ in range(500):
+            if rec.results:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert rec.results == ["success"] and [p.name for p in rec.policies] == ["round-robin"]
+    assert threads and threading.get_ident() not in threads  # applied here, parsed there
