@@ -11,6 +11,12 @@ token-id prompt uses ``block_chars // 4`` ids per block). Only full blocks get k
 tail can never be matched in full by a later request. Each key is xxh3_64 of the block seeded
 with the previous key (the first with a hash of the namespace), so a key names the whole prefix
 up to and including its block, and keys of different models never meet.
+
+Any JSON the gateway accepts gets a routing text or a ``RequestShapeError``: tool definitions,
+tool calls and unknown content parts are canonicalised with the standard ``json`` encoder,
+whose recursion a body nested about a thousand levels deep (orjson parses up to 1024)
+exhausts; that is a ``RequestShapeError`` naming the field, not a crash. Token-id prompts are
+kept packed, four bytes an id, not as Python ints (36 bytes each).
 """
 
 from __future__ import annotations
@@ -44,11 +50,15 @@ class RequestShapeError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class RoutingText:
-    """What a request is routed on: its namespace and its prompt (text, or token ids)."""
+    """What a request is routed on: its namespace and its prompt (text, or token ids).
+
+    ``routing_text`` packs token ids into an ``array('I')`` (each id modulo 2**32, as block
+    keys read them; never changed after); any sequence of ints is accepted.
+    """
 
     namespace: str
     text: str | None = None
-    token_ids: tuple[int, ...] | None = None
+    token_ids: Sequence[int] | None = None
 
     @property
     def approx_tokens(self) -> int:
@@ -68,8 +78,11 @@ def namespace_of(body: Mapping[str, Any]) -> str:
     return model
 
 
-def _canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def _canonical_json(value: Any, where: str) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except RecursionError:
+        raise RequestShapeError(f"'{where}' is nested too deeply", where) from None
 
 
 def _digest(data: str) -> str:
@@ -107,7 +120,7 @@ def _content_text(content: Any, where: str) -> str:
             parts.append(f"<image:{_digest(url)}>")
         else:
             # Audio, files and future part types: route on a digest of their canonical form.
-            parts.append(f"<{kind}:{_digest(_canonical_json(part))}>")
+            parts.append(f"<{kind}:{_digest(_canonical_json(part, f'{where}[{i}]'))}>")
     return "\n".join(parts)
 
 
@@ -116,9 +129,10 @@ def _chat_text(body: Mapping[str, Any]) -> str:
     if not isinstance(messages, list) or not messages:
         raise RequestShapeError("'messages' must be a non-empty array", "messages")
     out: list[str] = []
-    tools = body.get("tools", body.get("functions"))
+    tools_field = "tools" if "tools" in body else "functions"
+    tools = body.get(tools_field)
     if tools:
-        out.append(f"{_RS}tools{_US}{_canonical_json(tools)}")
+        out.append(f"{_RS}tools{_US}{_canonical_json(tools, tools_field)}")
     for i, msg in enumerate(messages):
         if not isinstance(msg, Mapping):
             raise RequestShapeError(f"'messages[{i}]' must be an object", f"messages[{i}]")
@@ -130,17 +144,35 @@ def _chat_text(body: Mapping[str, Any]) -> str:
         name = msg.get("name")
         if isinstance(name, str):
             out.append(f"{_US}name{_US}{name}")
-        calls = msg.get("tool_calls", msg.get("function_call"))
+        calls_field = "tool_calls" if "tool_calls" in msg else "function_call"
+        calls = msg.get(calls_field)
         if calls:
-            out.append(f"{_US}calls{_US}{_canonical_json(calls)}")
+            out.append(f"{_US}calls{_US}{_canonical_json(calls, f'messages[{i}].{calls_field}')}")
         call_id = msg.get("tool_call_id")
         if isinstance(call_id, str):
             out.append(f"{_US}id{_US}{call_id}")
     return "".join(out)
 
 
+_INT = frozenset({int})
+
+
 def _is_token_list(value: Sequence[Any]) -> bool:
-    return all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    # The types in one C-level pass (bool is not int here): a 2-million-id prompt is checked
+    # several times faster than by isinstance per element.
+    return set(map(type, value)) <= _INT
+
+
+def _packed(ids: Iterable[int]) -> array[int]:
+    """Token ids as an ``array('I')``, each modulo 2**32."""
+    if isinstance(ids, array) and ids.typecode == "I":
+        return ids
+    if not isinstance(ids, Sequence):
+        ids = list(ids)
+    try:
+        return array("I", ids)
+    except OverflowError:  # negative, or beyond 32 bits: the low 32 bits, as before
+        return array("I", [t & 0xFFFFFFFF for t in ids])
 
 
 def routing_text(body: Mapping[str, Any]) -> RoutingText:
@@ -153,12 +185,15 @@ def routing_text(body: Mapping[str, Any]) -> RoutingText:
         return RoutingText(namespace, text=prompt)
     if isinstance(prompt, list) and prompt:
         if _is_token_list(prompt):
-            return RoutingText(namespace, token_ids=tuple(prompt))
+            return RoutingText(namespace, token_ids=_packed(prompt))
         if all(isinstance(p, str) for p in prompt):
             # A batch of prompts goes to one engine together: route on all of them in order.
             return RoutingText(namespace, text=_RS.join(prompt))
         if all(isinstance(p, list) and p and _is_token_list(p) for p in prompt):
-            return RoutingText(namespace, token_ids=tuple(t for p in prompt for t in p))
+            ids = array("I")
+            for p in prompt:
+                ids.extend(_packed(p))
+            return RoutingText(namespace, token_ids=ids)
     field = "input" if "input" in body and "prompt" not in body else "prompt"
     raise RequestShapeError(
         f"'{field}' must be a string, an array of strings or an array of token ids "
@@ -176,8 +211,7 @@ def block_keys(rt: RoutingText, block_chars: int) -> list[int]:
     seed = namespace_seed(rt.namespace)
     if rt.token_ids is not None:
         per_block = max(1, block_chars // CHARS_PER_TOKEN)
-        data = array("I", (t & 0xFFFFFFFF for t in rt.token_ids)).tobytes()
-        return _chain(data, per_block * 4, seed)
+        return _chain(_packed(rt.token_ids).tobytes(), per_block * 4, seed)
     text = rt.text or ""
     if text.isascii():
         # One character is one byte: encode once and cut the bytes.

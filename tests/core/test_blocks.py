@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from array import array
 from typing import Any
 
 import pytest
@@ -100,11 +101,13 @@ def test_routing_text_growing_conversation_keeps_prefix() -> None:
             {"model": "m", "prompt": "abc"}, RoutingText("m", text="abc"), id="completion-string"
         ),
         pytest.param(
-            {"model": "m", "prompt": [1, 2]}, RoutingText("m", token_ids=(1, 2)), id="token-ids"
+            {"model": "m", "prompt": [1, 2]},
+            RoutingText("m", token_ids=array("I", [1, 2])),
+            id="token-ids",
         ),
         pytest.param(
             {"model": "m", "prompt": [[1], [2]]},
-            RoutingText("m", token_ids=(1, 2)),
+            RoutingText("m", token_ids=array("I", [1, 2])),
             id="token-id-batch",
         ),
         pytest.param(
@@ -164,3 +167,102 @@ def test_routing_text_bad_shape_names_param(body: dict[str, Any], param: str) ->
     with pytest.raises(RequestShapeError) as err:
         routing_text(body)
     assert err.value.param == param
+
+
+# -- token ids are packed, and key the same as before -----------------------------------------
+
+token_ids = st.lists(st.integers(min_value=-(2**40), max_value=2**40), min_size=1, max_size=60)
+
+
+@given(ids=token_ids)
+def test_routing_text_token_ids_packed_same_keys_as_ints(ids: list[int]) -> None:
+    rt = routing_text({"model": "m", "prompt": ids})
+    assert isinstance(rt.token_ids, array) and rt.token_ids.itemsize == 4
+    assert list(rt.token_ids) == [t & 0xFFFFFFFF for t in ids]
+    assert block_keys(rt, 16) == block_keys(RoutingText("m", token_ids=tuple(ids)), 16)
+
+
+@given(batch=st.lists(token_ids, min_size=1, max_size=4))
+def test_routing_text_token_id_batch_is_the_concatenation(batch: list[list[int]]) -> None:
+    joined = routing_text({"model": "m", "prompt": batch}).token_ids
+    assert joined is not None and list(joined) == [t & 0xFFFFFFFF for p in batch for t in p]
+
+
+@pytest.mark.parametrize("prompt", [[1, True], [False], [1, 2.0], [[1], [True]]])
+def test_routing_text_booleans_and_floats_are_not_token_ids(prompt: list[Any]) -> None:
+    with pytest.raises(RequestShapeError) as e:
+        routing_text({"model": "m", "prompt": prompt})
+    assert e.value.param == "prompt"
+
+
+# -- any JSON gets a routing text or a RequestShapeError, however deep -----------------------
+
+
+def deep(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": [{"role": "user", "content": "x"}], "tools": deep(5000)}, "tools"),
+        ({"messages": [{"role": "user", "content": "x"}], "functions": deep(5000)}, "functions"),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": deep(5000)}]},
+            "messages[0].tool_calls",
+        ),
+        (
+            {"messages": [{"role": "assistant", "function_call": {"a": deep(5000)}}]},
+            "messages[0].function_call",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "file", "f": deep(5000)}]}]},
+            "messages[0].content[0]",
+        ),
+    ],
+    ids=["tools", "functions", "tool_calls", "function_call", "unknown-part"],
+)
+def test_routing_text_nested_too_deeply_names_field(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(RequestShapeError) as e:
+        routing_text({"model": "m", **body})
+    assert e.value.param == param
+    assert "nested too deeply" in str(e.value)
+
+
+json_leaves = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10)
+json_trees = st.recursive(
+    json_leaves,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner),
+    max_leaves=25,
+)
+fields = st.sampled_from(
+    ["messages", "prompt", "input", "tools", "functions", "role", "content", "type", "text",
+     "image_url", "url", "tool_calls", "function_call", "name", "tool_call_id", "lora_path"]
+)  # fmt: skip
+shaped = st.recursive(
+    json_leaves,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(fields, inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@given(
+    body=st.dictionaries(fields, shaped | json_trees, max_size=4),
+    bury=st.sampled_from([None, None, "tools", "functions", "messages"]),
+)
+def test_fuzz_routing_text_only_request_shape_error(body: dict[str, Any], bury: str | None) -> None:
+    if bury == "messages":  # a message whose tool calls are nested thousands deep
+        rest = body.get(bury)
+        more = rest[:2] if isinstance(rest, list) else []
+        body[bury] = [{"role": "assistant", "tool_calls": deep(3000)}, *more]
+    elif bury is not None:
+        body[bury] = deep(3000)
+    try:
+        rt = routing_text({"model": "m", **body})
+    except RequestShapeError as e:
+        assert e.param and str(e)
+        return
+    block_keys(rt, B)

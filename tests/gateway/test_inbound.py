@@ -111,6 +111,51 @@ def test_session_header_first_then_user_field() -> None:
     assert session_of(inbound, {}, "x-session-id", False) is None
 
 
+# -- deep JSON: a 400 naming the field, never a RecursionError ---------------------------------
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize(
+    ("template", "param"),
+    [
+        ('"messages": [{"role": "user", "content": "x"}], "tools": %s', "tools"),
+        ('"messages": [{"role": "user", "content": "x"}], "functions": %s', "functions"),
+        (
+            '"messages": [{"role": "assistant", "content": null, "tool_calls": %s}]',
+            "messages[0].tool_calls",
+        ),
+        (
+            '"messages": [{"role": "user", "content": [{"type": "audio", "x": %s}]}]',
+            "messages[0].content[0]",
+        ),
+    ],
+    ids=["tools", "functions", "tool_calls", "unknown-part"],
+)
+@pytest.mark.parametrize("depth", [1000, 1015])
+def test_parse_deeply_nested_json_400_names_field(template: str, param: str, depth: int) -> None:
+    body = ('{"model": "m", ' + template % nested(depth) + "}").encode()
+    with pytest.raises(BadRequest) as e:
+        parse(body, CHAT)
+    assert e.value.status == 400
+    assert e.value.param == param
+    assert "nested too deeply" in e.value.message
+
+
+def test_parse_nesting_beyond_json_parser_400() -> None:
+    body = ('{"model": "m", "messages": [], "tools": ' + nested(1100) + "}").encode()
+    with pytest.raises(BadRequest, match="not valid JSON"):
+        parse(body, CHAT)
+
+
+def test_parse_moderately_nested_tools_route() -> None:
+    body = '{"model": "m", "messages": [{"role": "u", "content": "x"}], "tools": ' + nested(200)
+    got = parse((body + "}").encode(), CHAT)
+    assert got.text.text is not None and nested(200) in got.text.text
+
+
 # -- fuzzing: no input raises anything but BadRequest -------------------------------------
 
 json_scalars = (
