@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import xxhash
 
 from router.core.blocks import RequestShapeError, RoutingText, routing_text
 from router.gateway.errors import BadRequest
@@ -78,16 +79,21 @@ def parse(raw: bytes, route: str) -> Inbound:
     return Inbound(body, text, model, bool(stream))
 
 
+def session_key(value: str) -> str:
+    """A session's key: 32 hex digits of xxh3_128, whatever the length of ``value``."""
+    return xxhash.xxh3_128_hexdigest(value.encode("utf-8", "surrogatepass"))
+
+
 def session_of(
     inbound: Inbound, headers: Mapping[str, str], header: str | None, user_field: bool
 ) -> str | None:
-    """The session key for affinity: the policy's header, else the body's ``user`` string."""
+    """The session key for affinity, of the policy's header, else of the body's ``user``."""
     if header:
         value = headers.get(header)
         if value:
-            return value
+            return session_key(value)
     if user_field:
         user = inbound.body.get("user")
         if isinstance(user, str) and user:
-            return user
+            return session_key(user)
     return None
