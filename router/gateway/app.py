@@ -49,7 +49,7 @@ from router.gateway.errors import (
 from router.gateway.exchange import Exchange, Services, decide, keep_local, read_body
 from router.gateway.flow import Admission
 from router.gateway.gossip_delegate import run_origin
-from router.gateway.inbound import PROMPT_FIELD, parse
+from router.gateway.inbound import PROMPT_FIELD, BodyParser
 from router.gateway.kv_events import EventMetrics, Subscriber
 from router.gateway.metrics import FleetView, Metrics
 from router.gateway.reload import PolicyWatcher, Result
@@ -156,6 +156,12 @@ class Gateway:
             self.tokenizer = Tokenizer(
                 kv.tokenize_timeout_seconds, self._precise_engines, self._tokenized
             )
+        self.bodies = BodyParser(
+            config.limits.large_body_bytes,
+            config.limits.max_large_body_parses,
+            # The tokenizer sends the prompt's fields on to an engine's /tokenize.
+            keep_body=self.tokenizer is not None,
+        )
         self.services = Services(
             self.core,
             self.pool,
@@ -167,6 +173,7 @@ class Gateway:
             RetryBudget(BudgetRules(ratio=config.limits.retry_budget_percent / 100)),
             clock=clock,
             publish=self.replica.queue if self.replica is not None else keep_local,
+            bodies=self.bodies,
             tokenize=self.tokenizer,
         )
 
@@ -328,7 +335,7 @@ async def debug_route(request: web.Request) -> web.Response:
     route = "/v1/chat/completions"
     if isinstance(probe, dict) and "messages" not in probe:
         route = "/v1/embeddings" if "input" in probe else "/v1/completions"
-    inbound = parse(raw, route)
+    inbound = await gw.bodies.parse(raw, route)
     tokenized = await gw.tokenizer(inbound) if gw.tokenizer is not None else None
     d = decide(gw.services, inbound, request.headers, tokenized)
     return _json({"policy": gw.core.policy.name, **d.explain()})

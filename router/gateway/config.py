@@ -20,7 +20,7 @@ The file's shape is shared with the Helm chart, so its names are a contract::
              max_ejected_percent: 50}
     timeouts: {connect_seconds: 5, first_byte_seconds: 300, idle_stream_seconds: 120}
     limits: {max_body_bytes: 16777216, max_attempts: 3, retry_budget_percent: 20,
-             retry_backoff_seconds: 0.025}
+             retry_backoff_seconds: 0.025, large_body_bytes: 1048576, max_large_body_parses: 1}
     admin_token_env: KVROUTER_ADMIN_TOKEN
     auth: {api_keys_file: "", api_keys_env: KVROUTER_API_KEYS}
     engine_metrics: {enabled: true, interval_seconds: 0.5, timeout_seconds: 0.25,
@@ -165,6 +165,10 @@ class Limits:
     retry_budget_percent: float = 20.0
     # Pause before a retry: up to this, doubling per attempt, with full jitter.
     retry_backoff_seconds: float = 0.025
+    # Bodies above this are parsed in a thread, at most max_large_body_parses at once: a
+    # parse costs several times the body's size (router.gateway.inbound).
+    large_body_bytes: int = 1024 * 1024
+    max_large_body_parses: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,6 +498,8 @@ def _limits(f: _Fields | None) -> Limits:
         max_attempts=f.integer("max_attempts", 3, 1, 16),
         retry_budget_percent=f.number("retry_budget_percent", 20.0, 0.0, 100.0),
         retry_backoff_seconds=f.number("retry_backoff_seconds", 0.025, 0.0, 10.0),
+        large_body_bytes=f.integer("large_body_bytes", 1024 * 1024, 0, 1 << 31),
+        max_large_body_parses=f.integer("max_large_body_parses", 1, 1, 64),
     )
     f.done()
     return out

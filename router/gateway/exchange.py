@@ -55,7 +55,7 @@ from router.gateway.errors import (
 )
 from router.gateway.auth import KEY_NAME
 from router.gateway.flow import Admission, priority_of, tenant_of
-from router.gateway.inbound import Inbound, parse, session_of
+from router.gateway.inbound import BodyParser, Inbound, session_of
 from router.gateway.metrics import Metrics
 from router.gateway.relay import UsageTail, body_usage, client_headers, engine_headers
 from router.gateway.sse import DONE
@@ -94,6 +94,8 @@ class Services:
     clock: Callable[[], float] = time.monotonic
     # Where recorded deltas go (the gossip queue when replicas are configured).
     publish: Callable[[Delta], None] = keep_local
+    # Bodies parsed with bounded memory, large ones off the event loop (router.gateway.inbound).
+    bodies: BodyParser = field(default_factory=BodyParser)
     # The request's token ids from the engines' tokenizer (router.gateway.tokenize), for
     # engines whose KV events the index holds; None: route on the text keys alone.
     tokenize: Callable[[Inbound], Awaitable[TokenPrompt | None]] | None = None
@@ -258,7 +260,7 @@ class Exchange:
     async def _serve(self) -> web.StreamResponse:
         s = self.s
         raw = await read_body(self.request, s.limits.max_body_bytes)
-        inbound = parse(raw, self.route)
+        inbound = await s.bodies.parse(raw, self.route)
         # Flow control: wait here (bounded) while every engine that could serve it is full.
         rules = s.admission.rules
         await s.admission.enter(

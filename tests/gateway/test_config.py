@@ -110,6 +110,8 @@ def test_config_empty_dns_name_means_no_dns() -> None:
         ("- a\n- b", "c.yaml: (top level): must be a mapping"),
         ("listen: {host: [", "c.yaml: line 1, column 17: invalid YAML"),
         ("extra: 1", "c.yaml: extra: unknown field"),
+        ("limits: {large_body_bytes: -1}", "limits.large_body_bytes: must be an integer from 0"),
+        ("limits: {max_large_body_parses: 0}", "limits.max_large_body_parses: must be an integer"),
         ("limits: {max_attempts: " + "9" * 400 + "}", "limits.max_attempts: must be an integer"),
         ("timeouts: {connect_seconds: " + "9" * 400 + "}", "timeouts.connect_seconds: must be"),
         ("1: a", "c.yaml: 1: unknown field"),

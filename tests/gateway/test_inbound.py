@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+import time
+from array import array
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from router.gateway import inbound as inbound_module
 from router.gateway.errors import BadRequest
-from router.gateway.inbound import PROMPT_FIELD, parse, session_key, session_of
+from router.gateway.inbound import (
+    PROMPT_FIELD,
+    BodyParser,
+    Inbound,
+    parse,
+    session_key,
+    session_of,
+)
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -176,6 +188,121 @@ def test_parse_moderately_nested_tools_route() -> None:
     body = '{"model": "m", "messages": [{"role": "u", "content": "x"}], "tools": ' + nested(200)
     got = parse((body + "}").encode(), CHAT)
     assert got.text.text is not None and nested(200) in got.text.text
+
+
+# -- the gateway's parser: bounded memory, large bodies off the event loop ----------------------
+
+
+def test_body_parser_keeps_scalars_and_text_not_prompt() -> None:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hello"}],
+        "tools": [{"type": "function"}],
+        "stream": True,
+        "user": "alice",
+        "priority": 3,
+        "temperature": 0.5,
+        "stream_options": {"include_usage": True},
+    }
+    got = asyncio.run(BodyParser().parse(raw(body), CHAT))
+    assert got.body == {
+        "model": "m",
+        "stream": True,
+        "user": "alice",
+        "priority": 3,
+        "temperature": 0.5,
+    }
+    assert got.text == parse(raw(body), CHAT).text and got.stream and got.model == "m"
+
+
+def test_body_parser_keep_body_keeps_everything() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+    got = asyncio.run(BodyParser(keep_body=True).parse(raw(body), CHAT))
+    assert got.body == body
+
+
+def test_body_parser_token_ids_packed_four_bytes_each() -> None:
+    ids = list(range(1000, 1000 + 50_000))
+    body = raw({"model": "m", "prompt": ids})
+    got = asyncio.run(BodyParser(large_bytes=1024).parse(body, COMPLETIONS))
+    assert isinstance(got.text.token_ids, array) and got.text.token_ids.itemsize == 4
+    assert list(got.text.token_ids) == ids
+
+
+def test_body_parser_large_bodies_in_a_thread_one_at_a_time() -> None:
+    threads: dict[bool, set[int]] = {True: set(), False: set()}  # large? -> threads
+    running = peak = 0
+    lock = threading.Lock()
+    real = inbound_module._parse_light
+
+    def spy(data: bytes, route: str) -> Inbound:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+            threads[len(data) > 100].add(threading.get_ident())
+        try:
+            time.sleep(0.01)  # hold the slot long enough for the others to queue behind it
+            return real(data, route)
+        finally:
+            with lock:
+                running -= 1
+
+    async def main() -> list[Inbound]:
+        p = BodyParser(large_bytes=100, max_large=1)
+        big = raw({"model": "m", "prompt": "x" * 200})
+        small = raw({"model": "m", "prompt": "x"})
+        got = await asyncio.gather(*(p.parse(big, COMPLETIONS) for _ in range(4)))
+        got.append(await p.parse(small, COMPLETIONS))
+        return got
+
+    inbound_module._parse_light = spy  # type: ignore[assignment]
+    try:
+        got = asyncio.run(main())
+    finally:
+        inbound_module._parse_light = real
+    assert [g.text.text for g in got] == ["x" * 200] * 4 + ["x"]
+    assert threads[False] == {threading.get_ident()}  # a small body: on the event loop
+    assert threads[True] and threading.get_ident() not in threads[True]  # large: never
+    assert peak == 1
+
+
+def test_body_parser_client_gone_keeps_slot_until_thread_ends() -> None:
+    started, release = threading.Event(), threading.Event()
+    real = inbound_module._parse_light
+
+    def slow(data: bytes, route: str) -> Inbound:
+        started.set()
+        release.wait(10)
+        return real(data, route)
+
+    async def main() -> None:
+        p = BodyParser(large_bytes=10, max_large=1)
+        big = raw({"model": "m", "prompt": "x" * 100})
+        first = asyncio.create_task(p.parse(big, COMPLETIONS))
+        await asyncio.to_thread(started.wait, 10)
+        first.cancel()  # the client left; its parse cannot be stopped
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        second = asyncio.create_task(p.parse(big, COMPLETIONS))
+        await asyncio.sleep(0.05)
+        assert not second.done()  # waits: the first thread still holds the memory
+        release.set()
+        assert (await asyncio.wait_for(second, 10)).text.text == "x" * 100
+
+    inbound_module._parse_light = slow  # type: ignore[assignment]
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+        inbound_module._parse_light = real
+
+
+def test_body_parser_bad_large_body_400() -> None:
+    p = BodyParser(large_bytes=10)
+    with pytest.raises(BadRequest) as e:
+        asyncio.run(p.parse(raw({"model": "m", "prompt": [1, "x"] * 20}), COMPLETIONS))
+    assert e.value.param == "prompt"
 
 
 # -- fuzzing: no input raises anything but BadRequest -------------------------------------
