@@ -16,6 +16,7 @@ One request, one ``exchange``; the rest serve it:
 - ``config``: the config file's model, its strict loader and the command-line overrides.
 - ``reload``: hot reload of the policy file.
 - ``gossip_delegate`` and ``replicas``: this gateway as one replica of a gossiping fleet.
+- ``connections``: client connections: the cap, the header deadline, malformed HTTP.
 - ``runtime``: serving one gateway in this process until a signal stops it;
   ``workers``: N such processes on one port; ``eventloop``: uvloop where installed.
 """

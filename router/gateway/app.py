@@ -38,6 +38,7 @@ from router.core.policy import Policy
 from router.core.retry_budget import BudgetRules, RetryBudget
 from router.gateway.auth import auth_middleware, load_keys
 from router.gateway.config import Config
+from router.gateway.connections import Connections, no_banner, request_middleware
 from router.gateway.engine_metrics import EngineMetricsScraper
 from router.gateway.engines import EnginePool, Resolver, resolve_dns
 from router.gateway.errors import (
@@ -108,6 +109,8 @@ class Gateway:
                 index_entries=lambda: len(self.core.index),
                 gossip_peers=lambda: self.gossip_peers(),
                 gossip=lambda: self.gossip_samples(),
+                connections_open=lambda: self.connections.open,
+                connections_rejected=lambda: self.connections.rejected,
                 engine_reports=self._engine_reports,
                 queue_depth=lambda: self.admission.depth(),
             )
@@ -156,6 +159,8 @@ class Gateway:
             self.tokenizer = Tokenizer(
                 kv.tokenize_timeout_seconds, self._precise_engines, self._tokenized
             )
+        # Client connections of this process: the cap and the header deadline (runtime).
+        self.connections = Connections(config.limits)
         self.bodies = BodyParser(
             config.limits.large_body_bytes,
             config.limits.max_large_body_parses,
@@ -417,8 +422,9 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 def build_app(gw: Gateway) -> web.Application:
     """The gateway as an aiohttp application (serve it with ``handler_cancellation=True``)."""
     limit = gw.config.limits.max_body_bytes
-    middlewares = [error_middleware(limit), auth_middleware(gw.api_keys)]
+    middlewares = [request_middleware, error_middleware(limit), auth_middleware(gw.api_keys)]
     app = web.Application(middlewares=middlewares, client_max_size=limit)
+    app.on_response_prepare.append(no_banner)
     app[GATEWAY] = gw
     if gw.replica is not None:
         # First in, last out: peers keep hearing this replica's load while it drains.

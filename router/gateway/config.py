@@ -20,7 +20,8 @@ The file's shape is shared with the Helm chart, so its names are a contract::
              max_ejected_percent: 50}
     timeouts: {connect_seconds: 5, first_byte_seconds: 300, idle_stream_seconds: 120}
     limits: {max_body_bytes: 16777216, max_attempts: 3, retry_budget_percent: 20,
-             retry_backoff_seconds: 0.025, large_body_bytes: 1048576, max_large_body_parses: 1}
+             retry_backoff_seconds: 0.025, max_connections: 2048, header_timeout_seconds: 10,
+             keepalive_timeout_seconds: 75, large_body_bytes: 1048576, max_large_body_parses: 1}
     admin_token_env: KVROUTER_ADMIN_TOKEN
     auth: {api_keys_file: "", api_keys_env: KVROUTER_API_KEYS}
     engine_metrics: {enabled: true, interval_seconds: 0.5, timeout_seconds: 0.25,
@@ -165,6 +166,15 @@ class Limits:
     retry_budget_percent: float = 20.0
     # Pause before a retry: up to this, doubling per attempt, with full jitter.
     retry_backoff_seconds: float = 0.025
+    # Client connections open at once (per process); more are answered 503 and closed. The
+    # open-file limit is raised to fit them at start (router.gateway.connections).
+    max_connections: int = 2048
+    # From a connection's first byte of a request (or its opening) to the end of the headers:
+    # a client trickling its headers (slowloris) is answered 408 and closed.
+    header_timeout_seconds: float = 10.0
+    # An idle keep-alive connection is closed after this; longer than the 60 s that load
+    # balancers commonly keep idle connections, so that they close them first.
+    keepalive_timeout_seconds: float = 75.0
     # Bodies above this are parsed in a thread, at most max_large_body_parses at once: a
     # parse costs several times the body's size (router.gateway.inbound).
     large_body_bytes: int = 1024 * 1024
@@ -498,6 +508,9 @@ def _limits(f: _Fields | None) -> Limits:
         max_attempts=f.integer("max_attempts", 3, 1, 16),
         retry_budget_percent=f.number("retry_budget_percent", 20.0, 0.0, 100.0),
         retry_backoff_seconds=f.number("retry_backoff_seconds", 0.025, 0.0, 10.0),
+        max_connections=f.integer("max_connections", 2048, 1, 1_000_000),
+        header_timeout_seconds=_seconds(f, "header_timeout_seconds", 10.0, 0.1),
+        keepalive_timeout_seconds=_seconds(f, "keepalive_timeout_seconds", 75.0, 0.1),
         large_body_bytes=f.integer("large_body_bytes", 1024 * 1024, 0, 1 << 31),
         max_large_body_parses=f.integer("max_large_body_parses", 1, 1, 64),
     )

@@ -5,8 +5,9 @@ Every refusal and failure leaves the gateway in OpenAI's shape,
 OpenAI-style error event before the stream closes. Lower layers raise these classes; the
 upstream seam maps aiohttp's own exceptions into them where they happen
 (``router.gateway.upstream``); ``error_response`` and ``error_middleware`` below are the only code
-that renders them. An unexpected exception is logged with its stack trace and answered with a
-plain 500 that says nothing about the inside.
+that renders them, and ``raw_response`` renders the few refusals made on a connection before
+aiohttp has a request to answer (``router.gateway.connections``). An unexpected exception is
+logged with its stack trace and answered with a plain 500 that says nothing about the inside.
 
 The renderers take a ``dialect``: how ``type`` and ``code`` are spelled. The gateway speaks
 OpenAI's (``openai_dialect``: ``invalid_request_error``, a string code or null); engine-sim
@@ -14,12 +15,14 @@ answers like vLLM (``vllm_dialect``: ``BadRequestError``, the HTTP status as the
 
     GatewayError                    status, type, code; ``param`` names the field at fault
     ├── RequestError                the client's request is at fault (4xx, never retried)
-    │   ├── BadRequest              400  malformed JSON, a wrong or missing field
+    │   ├── BadRequest              400  malformed JSON, a wrong or missing field, bad HTTP
     │   ├── Unauthorized            401  admin endpoint without the right bearer token
     │   ├── NotFound                404  unknown model, unknown route
     │   ├── BodyTimeout             408  the body did not arrive in time
+    │   ├── HeaderTimeout           408  the request's headers did not arrive in time
     │   └── BodyTooLarge            413  body above limits.max_body_bytes
     ├── NoEngine                   503  no healthy engine serves the model (Retry-After)
+    ├── TooManyConnections         503  limits.max_connections are open (Retry-After)
     ├── TooBusy                    429  the fleet is full and the wait queue too (Retry-After)
     ├── ResponseTooLarge            502  a non-streamed answer above the relay's buffer limit
     └── UpstreamError               one attempt at an engine failed (retried before 1st byte)
@@ -90,6 +93,11 @@ class BodyTimeout(RequestError):
     code = "request_timeout"
 
 
+class HeaderTimeout(RequestError):
+    status = 408
+    code = "request_header_timeout"
+
+
 class BodyTooLarge(RequestError):
     status = 413
     code = "request_too_large"
@@ -110,6 +118,11 @@ class TooBusy(GatewayError):
     def __init__(self, message: str, retry_after: int = RETRY_AFTER_SECONDS) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class TooManyConnections(GatewayError):
+    status = 503
+    code = "too_many_connections"
 
 
 class ResponseTooLarge(GatewayError):
@@ -246,6 +259,24 @@ def error_response(
     headers["Content-Type"] = "application/json"
     body = _json_error(status, message, type_, param, code, dialect)
     return web.Response(status=status, body=body, headers=headers)
+
+
+def raw_response(exc: GatewayError, dialect: Dialect = openai_dialect) -> bytes:
+    """The bytes of a whole HTTP/1.1 response for ``exc``, which closes the connection.
+
+    For refusals made where aiohttp has no request to answer: a connection over the cap, a
+    request head that never arrived, one that cannot be parsed.
+    """
+    body = _json_error(exc.status, exc.message, exc.type, exc.param, exc.code, dialect)
+    head = [
+        f"HTTP/1.1 {exc.status} {HTTPStatus(exc.status).phrase}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
+    if isinstance(exc, TooManyConnections):
+        head.append(f"Retry-After: {RETRY_AFTER_SECONDS}")
+    return "\r\n".join([*head, "", ""]).encode("ascii") + body
 
 
 def stream_error(exc: BaseException, dialect: Dialect = openai_dialect) -> bytes:

@@ -76,6 +76,9 @@ class FleetView:
     engine_reports: Callable[[], Iterable[tuple[str, EngineReport]]] = lambda: ()
     # Requests waiting in the flow-control queue, by priority.
     queue_depth: Callable[[], Mapping[int, int]] = lambda: {}
+    # Client connections open, and those refused by reason (router.gateway.connections).
+    connections_open: Callable[[], int] = lambda: 0
+    connections_rejected: Callable[[], Mapping[str, int]] = lambda: {}
 
 
 class _FleetCollector(Collector):
@@ -142,6 +145,19 @@ class _FleetCollector(Collector):
         )
         for prio, n in sorted(v.queue_depth().items()):
             depth.add_metric([str(prio)], n)
+        conns = GaugeMetricFamily(
+            "kvrouter_client_connections",
+            "Client connections open in this process (refused ones never count).",
+            value=v.connections_open(),
+        )
+        refused = CounterMetricFamily(
+            "kvrouter_client_connections_rejected",
+            "Client connections closed unserved: beyond limits.max_connections (503), or "
+            "without a request's headers within limits.header_timeout_seconds (408).",
+            labels=["reason"],
+        )
+        for reason, n in sorted(v.connections_rejected().items()):
+            refused.add_metric([reason], n)
         return [
             reqs,
             toks,
@@ -151,6 +167,8 @@ class _FleetCollector(Collector):
             reported,
             kv,
             depth,
+            conns,
+            refused,
             *_gossip_families(v.gossip()),
         ]
 

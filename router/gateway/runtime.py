@@ -6,6 +6,10 @@ handler cancellation (a client that leaves cancels its engine request), SIGTERM/
 graceful stop (``/ready`` turns 503, in-flight requests get ``SHUTDOWN_GRACE_S``), SIGHUP for
 an immediate policy reload, and exit codes: 2 for a policy that does not load, 1 for a port
 or gossip listener that cannot be had.
+
+The listening socket serves aiohttp's server through the gateway's own connection protocol
+(``router.gateway.connections``: the connection cap, the header deadline, errors in OpenAI's
+shape), so it is opened with ``loop.create_server`` rather than aiohttp's ``TCPSite``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from aiohttp import web
 from router.core.policy import PolicyError
 from router.gateway.app import Gateway, build_app
 from router.gateway.config import Config
+from router.gateway.connections import fit_open_files
 from router.gateway.eventloop import loop_factory
 from router.presets import resolve
 
@@ -31,6 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 10.0
+# Connections the kernel queues before the gateway accepts them (aiohttp's TCPSite default).
+LISTEN_BACKLOG = 128
 
 
 def gossip_from(cfg: Config) -> GossipConfig | None:
@@ -50,12 +57,10 @@ async def serve(
     ``reuse_port``: listen with SO_REUSEPORT, so that sibling worker processes share the port.
     """
     gw = Gateway(cfg, resolve(cfg.policy), gossip=gossip)
+    fit_open_files(cfg.limits.max_connections)
     # A disconnecting client must cancel its handler, so the engine's request is cancelled too.
     runner = web.AppRunner(
-        build_app(gw),
-        handler_cancellation=True,
-        access_log=None,
-        shutdown_timeout=SHUTDOWN_GRACE_S,
+        build_app(gw), handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S
     )
     try:
         await runner.setup()
@@ -67,9 +72,16 @@ async def serve(
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, gw.watcher.request)
+    listener: asyncio.Server | None = None
     try:
-        site = web.TCPSite(runner, cfg.listen.host, cfg.listen.port, reuse_port=reuse_port or None)
-        await site.start()
+        assert runner.server is not None  # set up above
+        listener = await loop.create_server(
+            gw.connections.factory(runner.server, access_log=None),
+            cfg.listen.host,
+            cfg.listen.port,
+            reuse_port=reuse_port or None,
+            backlog=LISTEN_BACKLOG,
+        )
         log.info(
             "listening on %s:%d; policy %s from %s; %d static engine(s)%s",
             cfg.listen.host,
@@ -85,6 +97,8 @@ async def serve(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        if listener is not None:
+            listener.close()  # no new connections; the runner drains the open ones
         await runner.cleanup()
 
 

@@ -58,6 +58,8 @@ ROUTER_METRICS: Mapping[str, str] = {
     "kvrouter_policy_reloads_total": "counter",
     "kvrouter_retries_total": "counter",
     "kvrouter_retries_refused_total": "counter",
+    "kvrouter_client_connections": "gauge",
+    "kvrouter_client_connections_rejected_total": "counter",
     "kvrouter_admitted_total": "counter",
     "kvrouter_rejected_total": "counter",
     "kvrouter_queue_wait_seconds": "histogram",

@@ -110,6 +110,9 @@ def test_config_empty_dns_name_means_no_dns() -> None:
         ("- a\n- b", "c.yaml: (top level): must be a mapping"),
         ("listen: {host: [", "c.yaml: line 1, column 17: invalid YAML"),
         ("extra: 1", "c.yaml: extra: unknown field"),
+        ("limits: {max_connections: 0}", "limits.max_connections: must be an integer from 1"),
+        ("limits: {header_timeout_seconds: 0}", "limits.header_timeout_seconds: must be a number"),
+        ("limits: {keepalive_timeout_seconds: x}", "limits.keepalive_timeout_seconds: must be"),
         ("limits: {large_body_bytes: -1}", "limits.large_body_bytes: must be an integer from 0"),
         ("limits: {max_large_body_parses: 0}", "limits.max_large_body_parses: must be an integer"),
         ("limits: {max_attempts: " + "9" * 400 + "}", "limits.max_attempts: must be an integer"),
@@ -239,6 +242,27 @@ def test_serve_bad_policy_exits_2_with_message(
 def test_serve_no_engine_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--port", "0"]) == 2
     assert "no engines" in capsys.readouterr().err
+
+
+def test_config_limits_for_clients_load_with_defaults() -> None:
+    d = Config().limits
+    assert (d.max_connections, d.header_timeout_seconds, d.keepalive_timeout_seconds) == (
+        2048,
+        10.0,
+        75.0,
+    )
+    assert (d.large_body_bytes, d.max_large_body_parses) == (1024 * 1024, 1)
+    c = load_config_text(
+        "limits: {max_connections: 16, header_timeout_seconds: 0.5, "
+        "keepalive_timeout_seconds: 5, large_body_bytes: 0, max_large_body_parses: 2}",
+        "c.yaml",
+    ).limits
+    assert (c.max_connections, c.header_timeout_seconds, c.keepalive_timeout_seconds) == (
+        16,
+        0.5,
+        5.0,
+    )
+    assert (c.large_body_bytes, c.max_large_body_parses) == (0, 2)
 
 
 def test_config_file_over_size_limit_names_it(tmp_path: Path) -> None:
