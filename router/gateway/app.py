@@ -318,15 +318,26 @@ def _admin(
         if token is None:
             raise NotFound(f"no route for {request.method} {request.path}", code="not_found")
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        # Constant-time comparison: the time taken must not reveal how much of a guess matched.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), token.encode()
-        ):
+        if scheme.lower() != "bearer" or not _same_token(given.strip(), token):
             raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin token>'")
         return await handler(request)
 
     guarded.__doc__ = handler.__doc__
     return guarded
+
+
+def _same_token(given: str, token: str) -> bool:
+    """Whether ``given`` is ``token``, compared in constant time as the bytes sent.
+
+    A header's bytes that are not UTF-8 arrive as surrogate escapes: encoded back the same
+    way, any header compares (unequal) instead of failing to encode.
+    """
+    try:
+        sent = given.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False  # a lone surrogate no byte decodes to: not the token
+    # Constant time: the time taken must not reveal how much of a guess matched.
+    return hmac.compare_digest(sent, token.encode("utf-8", "surrogateescape"))
 
 
 async def debug_route(request: web.Request) -> web.Response:

@@ -63,8 +63,6 @@ from router.gateway.upstream import Upstream, UpstreamRequest, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
-# The last event of an OpenAI stream, as engines frame it.
-STREAM_END = DONE.rstrip()
 # A non-streamed answer is buffered; embeddings of large batches are the biggest in practice.
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 MAX_ERROR_BODY_BYTES = 1024 * 1024
@@ -208,6 +206,16 @@ class Deadline:
             return
         self._cancelled = True
         self._task.cancel()
+
+
+def ends_stream(chunk: bytes, at_event: bool) -> bool:
+    """True when ``chunk`` ends with OpenAI's last event, ``data: [DONE]``, whole: after a blank
+    line in the chunk, or alone in it when the bytes before it ended an event (``at_event``).
+    Event data is JSON, which escapes line breaks, so a blank line only ever ends an event."""
+    if not chunk.endswith(DONE):
+        return False
+    before = len(chunk) - len(DONE)
+    return chunk.endswith(b"\n\n", 0, before) if before else at_event
 
 
 class EventStream(web.StreamResponse):
@@ -459,23 +467,23 @@ class Exchange:
         out = EventStream(status=resp.status, headers=client_headers(resp.headers))
         tail = UsageTail()
         tail.feed(first)
-        chunk, ttft = first, True
+        chunk, ttft, at_event = first, True, True
         try:
             await out.prepare(self.request)  # the head waits for the first bytes (EventStream)
             try:
                 while True:
-                    if resp.finished():
-                        # The engine is done: the last bytes and the end go out in one send.
+                    if resp.finished() or ends_stream(chunk, at_event):
+                        # The engine is done, or its stream is ([DONE] is OpenAI's last event):
+                        # the last bytes and the end go out in one send. The client may hang
+                        # up the moment it reads [DONE] (the openai client does); the request
+                        # is answered now, not when the engine closes.
                         await out.write_eof(chunk)
                         break
                     await out.write(chunk)
                     if ttft:
                         m.ttft.observe(self.s.clock() - self.t0)
                         ttft = False
-                    if chunk.rstrip().endswith(STREAM_END):
-                        # The client may hang up the moment it reads this (the openai client
-                        # does); the request is answered now, not when the engine closes.
-                        self._delivered(engine, resp.status, tail)
+                    at_event = chunk.endswith(b"\n\n")
                     chunk = await self._next_chunk(resp, engine, deadline)
                     if not chunk:
                         with contextlib.suppress(ConnectionResetError):
@@ -498,7 +506,20 @@ class Exchange:
         if ttft:
             m.ttft.observe(self.s.clock() - self.t0)
         self._delivered(engine, resp.status, tail)
-        return out, True
+        return out, resp.finished() or await self._after_done(resp, engine, deadline)
+
+    async def _after_done(self, resp: UpstreamResponse, engine: str, deadline: Deadline) -> bool:
+        """Read the engine's end after [DONE], only to reuse its connection; True when nothing
+        but the end came (the client's answer is complete whatever happens here)."""
+        try:
+            extra = await self._next_chunk(resp, engine, deadline)
+        except UpstreamError as e:
+            log.debug("%s: %s failed after [DONE]: %s", self.route, engine, e)
+            return False
+        if extra:
+            log.debug("%s: %s sent %d bytes after [DONE]; dropped", self.route, engine, len(extra))
+            return False
+        return True
 
     def _delivered(self, engine: str, status: int, tail: UsageTail) -> None:
         """Count a stream the client has in full (once, whichever end is seen first)."""

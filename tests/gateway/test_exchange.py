@@ -897,3 +897,44 @@ async def test_proxy_real_upstream_events_that_come_together_relayed_at_once_in_
     finally:
         await client.close()
         server.close()
+
+
+EVENT = sse.encode(b'{"choices": [{"delta": {"content": "data: [DONE]"}}]}')
+
+
+@pytest.mark.parametrize(
+    ("chunk", "at_event", "ends"),
+    [
+        (sse.DONE, True, True),
+        (EVENT + sse.DONE, False, True),
+        (sse.DONE, False, False),  # the chunk before ended mid-event: this is not an event
+        (EVENT, True, False),
+        (b'data: {"a": 1}\ndata: [DONE]\n\n', True, False),  # a two-line event's data
+        (b"xdata: [DONE]\n\n", True, False),
+        (b"data: [DONE]\r\n\r\n", True, False),  # other line ends: the engine's end decides
+    ],
+    ids=["alone", "after-event", "alone-mid-event", "in-content", "second-data-line",
+         "mid-line", "crlf"],
+)  # fmt: skip
+def test_ends_stream_only_a_whole_done_event(chunk: bytes, at_event: bool, ends: bool) -> None:
+    assert exchange_module.ends_stream(chunk, at_event) is ends
+
+
+@pytest.mark.parametrize(
+    "after",
+    [{"chunks": [b"data: late\n\n"]}, {"drop_after": 2}],
+    ids=["bytes-after-done", "dropped-after-done"],
+)
+async def test_proxy_stream_ends_at_done_engine_rest_not_relayed(
+    tmp_path: Path, after: dict[str, Any]
+) -> None:
+    async with rig(tmp_path) as r:
+        chunks = [EVENT, sse.DONE, *after.get("chunks", [])]
+        r.up.next(Script(headers=dict(SSE), chunks=chunks, drop_after=after.get("drop_after")))
+        async with r.client.post(CHAT, json=chat(stream=True)) as resp:
+            assert resp.status == 200
+            got = await resp.read()
+        assert got == EVENT + sse.DONE  # whole, and nothing after [DONE], no error event
+        assert r.up.responses[0].aborted  # the engine's connection is not reused
+        assert await r.metric("kvrouter_requests_total", route=CHAT, code="200") == 1
+        assert await r.metric("kvrouter_backend_healthy", backend=r.up.sent[0]) == 1
