@@ -31,9 +31,11 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Also not sent to engines: the engine's own Host, a length aiohttp recomputes, and the
-# client's encodings (engines answer uncompressed so the gateway can read ``usage``).
+# Also not sent to engines: the engine's own Host, a length aiohttp recomputes, the
+# client's encodings (engines answer uncompressed so the gateway can read ``usage``), and the
+# body's encoding, which aiohttp has already decoded (a gzip body is forwarded plain).
 _NOT_TO_ENGINE = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "expect"}
+_NOT_TO_ENGINE |= {"content-encoding"}
 _NOT_TO_CLIENT = HOP_BY_HOP | {"content-length", "date", "server"}
 
 # Bytes kept from the end of a stream to find its final usage event in.
