@@ -1,29 +1,39 @@
-"""kvrouter against SGLang's router (sglang-router, the `bench` extra): overhead and live quality.
+"""kvrouter against SGLang's routers (the `bench` extra): overhead and live quality.
 
-Every process runs on this machine on free loopback ports and is stopped at the end, also on
-Ctrl-C, SIGTERM or an error. Two parts; with neither flag, both run.
+The peers: SGLang's router (sglang-router, ``sglang_router.launch_router``) and SMG, SGLang's
+model gateway (smg, ``smg.launch_router``; its per-worker overload protection is switched off,
+since engine-sim reports no load it reads). Every process runs on this machine on free
+loopback ports and is stopped at the end, also on Ctrl-C, SIGTERM or an error. Two parts; with
+neither flag, both run.
 
 ``--overhead``: ``--engines`` ``engine-sim --fast`` processes (no model delays: what is measured
-is plumbing) behind nothing (the client spreads requests over the engines itself),
-``kvrouter serve`` with the kv-aware and round-robin presets, and SGLang's router with
-``--policy cache_aware`` and ``round_robin``, all started together. Streamed chat requests.
+is plumbing) behind nothing (direct: the client spreads requests over the engines itself) and
+behind each of ``--overhead-routers`` (kvrouter's kv-aware preset, SGLang's router and SMG
+with ``--policy cache_aware``), all started together. Streamed chat requests of
+``--max-tokens`` tokens. The whole part runs ``--repeat`` times with fresh processes, the
+routers' order rotated each time, because this small machine's noise is larger than some of
+the differences measured.
 
 1. latency: one request at a time on keep-alive connections, twice: interleaved (each
    request number sent through every path in turn, so drift in the machine's load hits every
    path alike) and back to back (``--requests`` through one path, then the next: what one
    client with one connection sees). TTFT is the time to the first ``data:`` bytes, "total"
-   the time to the end of the stream; "added" is a path's percentile minus direct's. A proxy
-   that writes the response head and the first event separately on a socket without
-   TCP_NODELAY holds the event until the client acknowledges the head, and the client delays
-   that ACK (~40 ms on Linux) once the connection is past its first exchanges: a fixed
+   the time to the end of the stream; "added" is a path's percentile minus direct's in the
+   same run. A proxy that writes the response head and the first event separately on a socket
+   without TCP_NODELAY holds the event until the client acknowledges the head, and the client
+   delays that ACK (~40 ms on Linux) once the connection is past its first exchanges: a fixed
    ~40 ms step in TTFT. Whether the client's ACK is delayed depends on the timing of the
    connection's traffic, so the step can show in one ordering of the paths and not another.
 2. load: at each ``--concurrency``, ``--load-requests`` streamed requests per path, one path
    at a time; throughput, TTFT under load, failures, and the router's CPU time per request
    (utime + stime from /proc of the router process and all its descendants, before and
-   after: SGLang's launcher runs its Rust router inside the same Python process, but any
+   after: the peers' launchers run their Rust routers inside the same process, but any
    child would be counted). CPU time is the figure least disturbed by other work on the
    machine; latency and throughput move with it.
+
+The report opens with the summary over the runs: each router's CPU per request in every run
+and kvrouter's ratio to each peer's in the same run, and the TTFT each router adds at
+concurrency 1 (interleaved); then each run's tables.
 
 ``--quality``: ``--engines-quality`` engine-sims with a timing model (``--prefill-tokens-per-s``,
 ``--decode-tokens-per-s``, ``--max-batch``) and a prefix cache small enough to be contended
@@ -39,7 +49,8 @@ Reports the engines' prefix-cache hit ratio (GET /stats), TTFT at the client, th
 each engine's share of requests (max / mean), the router's CPU per request and failures.
 
     python -m bench.sglang_compare [--overhead] [--quality]
-        [--engines 2] [--requests 300] [--load-requests 2000] [--concurrency 32 256]
+        [--engines 1] [--requests 300] [--load-requests 2000] [--concurrency 32 256]
+        [--max-tokens 32] [--repeat 3] [--overhead-routers ROUTER ...]
         [--trace ../shared/data/conversation_trace.jsonl] [--limit 2000] [--speedup 6]
         [--engines-quality 4] [--kv-capacity-tokens 1000000] [--prefill-tokens-per-s 80000]
         [--decode-tokens-per-s 100] [--max-batch 16] [--max-output-tokens 64]
@@ -90,8 +101,24 @@ REQUEST_TIMEOUT_S = 300.0
 
 KVROUTER_POLICIES = {"kvrouter kv-aware": "kv-aware", "kvrouter round-robin": "round-robin"}
 SGLANG_POLICIES = {"sglang cache_aware": "cache_aware", "sglang round_robin": "round_robin"}
-ROUTERS = (*KVROUTER_POLICIES, *SGLANG_POLICIES)
+SMG_POLICIES = {"smg cache_aware": "cache_aware", "smg round_robin": "round_robin"}
+ROUTERS = (*KVROUTER_POLICIES, *SGLANG_POLICIES, *SMG_POLICIES)
 QUALITY_DEFAULT = ("kvrouter kv-aware", "kvrouter round-robin", "sglang cache_aware")
+OVERHEAD_DEFAULT = ("kvrouter kv-aware", "sglang cache_aware", "smg cache_aware")
+
+
+@dataclass(frozen=True)
+class Peer:
+    """How to launch one of SGLang's routers: its module (the `bench` extra) and flags."""
+
+    label: str
+    module: str
+    flags: tuple[str, ...] = ()
+
+
+SGLANG = Peer("SGLang's router", "sglang_router.launch_router")
+# engine-sim reports none of the load SMG reads: its overload protection would only guess.
+SMG = Peer("SMG", "smg.launch_router", ("--disable-worker-overload-protection",))
 
 
 # -- processes -----------------------------------------------------------------------------
@@ -102,41 +129,42 @@ def _get_json(url: str) -> Any:
         return json.loads(r.read())
 
 
-def start_sglang(workers: Sequence[str], policy: str, tmp: Path) -> Proc:
-    """SGLang's router with ``policy`` in front of ``workers``; returns once all are healthy.
+def start_peer(peer: Peer, workers: Sequence[str], policy: str, tmp: Path) -> Proc:
+    """``peer`` with ``policy`` in front of ``workers``; returns once all are healthy.
 
     Its Prometheus exporter is kept on loopback too, its per-request INFO logging is off (as
     kvrouter's is at ``--log-level warning``), and a short shutdown grace keeps stopping quick.
     """
     port = free_port()
-    log_path = tmp / f"sglang-{policy}-{port}.log"
+    log_path = tmp / f"{peer.module.split('.')[0]}-{policy}-{port}.log"
     cmd = [
-        sys.executable, "-m", "sglang_router.launch_router",
+        sys.executable, "-m", peer.module,
         "--host", LOOPBACK, "--port", str(port),
         "--worker-urls", *workers,
         "--policy", policy,
         "--prometheus-host", LOOPBACK, "--prometheus-port", str(free_port()),
         "--log-level", "warn",
         "--shutdown-grace-period-secs", "1",
+        *peer.flags,
     ]  # fmt: skip
     with open(log_path, "wb") as log:
         popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
     proc = Proc(popen, port, log_path)
     try:
-        _wait_sglang_workers(proc, len(workers))
+        _wait_peer_workers(peer, proc, len(workers))
     except BaseException:
         proc.stop(signal.SIGKILL)
         raise
     return proc
 
 
-def _wait_sglang_workers(proc: Proc, n: int) -> None:
+def _wait_peer_workers(peer: Peer, proc: Proc, n: int) -> None:
     # It answers /health before its workers are registered; GET /workers says when they are.
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     last: object = None
     while time.monotonic() < deadline:
         if not proc.alive():
-            raise RuntimeError(f"SGLang's router exited early:\n{proc.log()}")
+            raise RuntimeError(f"{peer.label} exited early:\n{proc.log()}")
         try:
             workers = _get_json(f"{proc.url}/workers").get("workers", [])
             last = workers
@@ -145,14 +173,16 @@ def _wait_sglang_workers(proc: Proc, n: int) -> None:
         except (urllib.error.URLError, OSError, ValueError) as e:
             last = e
         time.sleep(0.1)
-    raise TimeoutError(f"SGLang's router: {n} healthy workers not listed ({last})\n{proc.log()}")
+    raise TimeoutError(f"{peer.label}: {n} healthy workers not listed ({last})\n{proc.log()}")
 
 
 def start_router(name: str, engines: Sequence[Proc], tmp: Path, policy_file: Path | None) -> Proc:
     """Router ``name`` (one of ``ROUTERS``) in front of ``engines``."""
     urls = [e.url for e in engines]
     if name in SGLANG_POLICIES:
-        return start_sglang(urls, SGLANG_POLICIES[name], tmp)
+        return start_peer(SGLANG, urls, SGLANG_POLICIES[name], tmp)
+    if name in SMG_POLICIES:
+        return start_peer(SMG, urls, SMG_POLICIES[name], tmp)
     policy = str(policy_file) if policy_file is not None else KVROUTER_POLICIES[name]
     backends = [a for u in urls for a in ("--backend", u)]
     args = ["serve", "--host", LOOPBACK, *backends, "--policy", policy, "--log-level", "warning"]
@@ -237,14 +267,19 @@ async def _overhead(
 
 
 def run_overhead(args: argparse.Namespace, tmp: Path) -> str:
-    with running([]) as procs:
-        engines = start_engines(args.engines, ["--fast"], tmp, procs)
-        routers: dict[str, Proc] = {}
-        for name in ROUTERS:
-            routers[name] = start_router(name, engines, tmp, None)
-            procs.append(routers[name])
-        result = asyncio.run(_overhead(args, engines, routers))
-    return overhead_report(args, result)
+    runs: list[OverheadResult] = []
+    names = list(args.overhead_routers)
+    for n in range(args.repeat):
+        order = names[n % len(names) :] + names[: n % len(names)]
+        print(f"run {n + 1} of {args.repeat}: {', '.join(order)}", flush=True)
+        with running([]) as procs:
+            engines = start_engines(args.engines, ["--fast"], tmp, procs)
+            routers: dict[str, Proc] = {}
+            for name in order:
+                routers[name] = start_router(name, engines, tmp, None)
+                procs.append(routers[name])
+            runs.append(asyncio.run(_overhead(args, engines, routers)))
+    return overhead_report(args, runs)
 
 
 def latency_table(latency: Mapping[str, list[Timing]]) -> str:
@@ -280,34 +315,94 @@ def latency_table(latency: Mapping[str, list[Timing]]) -> str:
     return table(head, rows)
 
 
-def overhead_report(args: argparse.Namespace, r: OverheadResult) -> str:
-    load_rows = []
-    for c, name, lr in r.load:
-        cpu = lr.cpu_ms_per_request
-        load_rows.append(
+def _cpu(r: OverheadResult, c: int, name: str) -> float | None:
+    return next((lr.cpu_ms_per_request for cc, n, lr in r.load if cc == c and n == name), None)
+
+
+def _cells(values: Sequence[float | None], fmt: str) -> str:
+    return ", ".join("-" if v is None else format(v, fmt) for v in values)
+
+
+def overhead_summary(args: argparse.Namespace, runs: Sequence[OverheadResult]) -> str:
+    """Each router's CPU per request in every run, kvrouter's ratio to each peer in the same
+    run, and the TTFT each router adds at concurrency 1."""
+    names = list(args.overhead_routers)
+    ours = [n for n in names if n in KVROUTER_POLICIES]
+    peers = [n for n in names if n not in KVROUTER_POLICIES]
+    pairs = [(k, p) for k in ours for p in peers]
+    rows = []
+    for c in args.concurrency:
+        cpu = {n: [_cpu(r, c, n) for r in runs] for n in names}
+        ratios = [
+            [a / b if a is not None and b else None for a, b in zip(cpu[k], cpu[p], strict=True)]
+            for k, p in pairs
+        ]
+        rows.append(
+            [str(c), *(_cells(cpu[n], ".3f") for n in names), *(_cells(r, ".2f") for r in ratios)]
+        )
+    head = ["concurrency", *names, *(f"{k} / {p}" for k, p in pairs)]
+    cpu_table = table(head, rows)
+    lat_rows = []
+    for n in names:
+        added = []
+        for r in runs:
+            direct = [t.ttft for t in r.interleaved["direct"]]
+            mine = [t.ttft for t in r.interleaved[n]]
+            added.append((pct(mine, 50) - pct(direct, 50), pct(mine, 99) - pct(direct, 99)))
+        lat_rows.append(
             [
-                str(c),
-                name,
-                f"{lr.requests_per_s:.0f}",
-                "-" if cpu is None else f"{cpu:.3f}",
-                ms(pct(lr.ttfts, 50)),
-                ms(pct(lr.ttfts, 99)),
-                str(lr.failures),
+                n,
+                _cells([a[0] * 1000 for a in added], ".2f"),
+                _cells([a[1] * 1000 for a in added], ".2f"),
             ]
         )
-    load = table(
-        ["concurrency", "path", "req/s", "router CPU ms/req", "TTFT p50 ms", "TTFT p99 ms", "fail"],
-        load_rows,
+    direct_p50 = _cells(
+        [pct([t.ttft for t in r.interleaved["direct"]], 50) * 1000 for r in runs], ".2f"
     )
+    lat_table = table(["path", "added TTFT p50 ms", "added TTFT p99 ms"], lat_rows)
     return (
-        f"### Overhead: {args.engines} x engine-sim --fast, streamed chat, "
-        f"{args.prompt_chars}-char prompt, {args.max_tokens} tokens\n\n"
-        f"One request at a time, interleaved ({args.requests} per path):\n\n"
-        f"{latency_table(r.interleaved)}\n\n"
-        f"One request at a time, back to back ({args.requests} per path):\n\n"
-        f"{latency_table(r.back_to_back)}\n\n"
-        f"Closed loop, {args.load_requests} requests per row:\n\n{load}\n"
+        f"Router CPU per streamed request, ms (one value per run, {args.load_requests} requests "
+        f"each), and kvrouter's ratio to each peer in the same run:\n\n{cpu_table}\n\n"
+        f"TTFT added at concurrency 1 (interleaved, {args.requests} requests per path; direct "
+        f"TTFT p50 {direct_p50} ms), one value per run:\n\n{lat_table}\n"
     )
+
+
+def overhead_report(args: argparse.Namespace, runs: Sequence[OverheadResult]) -> str:
+    parts = [
+        f"### Overhead: {args.engines} x engine-sim --fast, streamed chat, "
+        f"{args.prompt_chars}-char prompt, {args.max_tokens} tokens, {len(runs)} runs\n\n"
+        f"{overhead_summary(args, runs)}"
+    ]
+    for n, r in enumerate(runs, 1):
+        load_rows = []
+        for c, name, lr in r.load:
+            cpu = lr.cpu_ms_per_request
+            load_rows.append(
+                [
+                    str(c),
+                    name,
+                    f"{lr.requests_per_s:.0f}",
+                    "-" if cpu is None else f"{cpu:.3f}",
+                    ms(pct(lr.ttfts, 50)),
+                    ms(pct(lr.ttfts, 99)),
+                    str(lr.failures),
+                ]
+            )
+        load = table(
+            ["concurrency", "path", "req/s", "router CPU ms/req", "TTFT p50 ms", "TTFT p99 ms",
+             "fail"],
+            load_rows,
+        )  # fmt: skip
+        parts.append(
+            f"#### Run {n}\n\n"
+            f"One request at a time, interleaved ({args.requests} per path):\n\n"
+            f"{latency_table(r.interleaved)}\n\n"
+            f"One request at a time, back to back ({args.requests} per path):\n\n"
+            f"{latency_table(r.back_to_back)}\n\n"
+            f"Closed loop, {args.load_requests} requests per row:\n\n{load}\n"
+        )
+    return "\n".join(parts)
 
 
 # -- part 2: live routing quality on a trace -----------------------------------------------
@@ -580,12 +675,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--overhead", action="store_true", help="run the overhead part")
     add("--quality", action="store_true", help="run the live routing-quality part")
     g = p.add_argument_group("overhead")
-    g.add_argument("--engines", type=int, default=2, help="engine-sim --fast processes (2)")
+    g.add_argument("--engines", type=int, default=1, help="engine-sim --fast processes (1)")
     g.add_argument("--requests", type=int, default=300, help="sequential requests per path")
     g.add_argument("--load-requests", type=int, default=2000, help="requests per load row")
     g.add_argument("--concurrency", type=int, nargs="+", default=[32, 256])
     g.add_argument("--prompt-chars", type=int, default=2000)
-    g.add_argument("--max-tokens", type=int, default=16)
+    g.add_argument("--max-tokens", type=int, default=32)
+    g.add_argument("--repeat", type=int, default=3, help="runs, fresh processes each (3)")
+    g.add_argument(
+        "--overhead-routers",
+        nargs="+",
+        choices=ROUTERS,
+        default=list(OVERHEAD_DEFAULT),
+        metavar="ROUTER",
+        help=f"routers measured (default: {', '.join(OVERHEAD_DEFAULT)})",
+    )
     q = p.add_argument_group("quality")
     q.add_argument("--trace", type=Path, default=Path("../shared/data/conversation_trace.jsonl"))
     q.add_argument("--limit", type=int, default=2000, help="replay the first N records")
@@ -609,10 +713,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    wants_sglang = args.overhead or any(r in SGLANG_POLICIES for r in args.routers)
-    if wants_sglang and importlib.util.find_spec("sglang_router") is None:
-        print("sglang-router is not installed: pip install -e '.[bench]'", file=sys.stderr)
-        return 2
+    wanted = set(args.routers if args.quality else ())
+    wanted |= set(args.overhead_routers if args.overhead else ())
+    needs = {"sglang_router": SGLANG_POLICIES, "smg": SMG_POLICIES}
+    for module, policies in needs.items():
+        if wanted & set(policies) and importlib.util.find_spec(module) is None:
+            print(f"{module} is not installed: pip install -e '.[bench]'", file=sys.stderr)
+            return 2
     reports: Mapping[str, Callable[[argparse.Namespace, Path], str]] = {
         "overhead": run_overhead,
         "quality": run_quality,
