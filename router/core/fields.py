@@ -224,3 +224,17 @@ class Fields:
         if unknown:
             key = unknown[0]
             self.fail(self.at(key if len(key) <= 60 else key[:57] + "..."), "unknown field")
+
+
+# The longest duration a setting may take, in seconds.
+DAY = 86_400.0
+
+
+class ConfigFields(Fields):
+    """Fields of the gateway's config file: its errors are ``ConfigError``."""
+
+    error = ConfigError
+
+    def seconds(self, key: str, default: float, lo: float = 0.01) -> float:
+        """A duration in seconds, from ``lo`` to a day."""
+        return self.number(key, default, lo, DAY)

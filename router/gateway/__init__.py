@@ -13,7 +13,8 @@ One request, one ``exchange``; the rest serve it:
 - ``errors``: the error tree, and the one place that renders errors in OpenAI's shape.
 - ``engines``: the engine pool: static and DNS-discovered engines, health, model lists.
 - ``metrics``: the Prometheus registry the app owns.
-- ``config``: the config file's model, its strict loader and the command-line overrides.
+- ``config``: the config file's model, its strict loader and the command-line overrides
+  (``config_engines`` and ``config_gossip`` hold those sections).
 - ``reload``: hot reload of the policy file.
 - ``gossip_delegate`` and ``replicas``: this gateway as one replica of a gossiping fleet.
 - ``connections``: client connections: the cap, the header deadline, malformed HTTP.
