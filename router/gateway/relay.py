@@ -42,26 +42,28 @@ _NOT_TO_CLIENT = HOP_BY_HOP | {"content-length", "date", "server"}
 USAGE_TAIL_BYTES = 16 * 1024
 
 
-def _connection_named(headers: MultiMapping[str]) -> set[str]:
-    return {
+# X-Forwarded-For is dropped as it comes and appended again, with the client's address.
+_DROPPED_TO_ENGINE = _NOT_TO_ENGINE | {"x-forwarded-for"}
+_NONE: frozenset[str] = frozenset()
+
+
+def _connection_named(headers: MultiMapping[str]) -> frozenset[str]:
+    if "Connection" not in headers:
+        return _NONE
+    return frozenset(
         token.strip().lower()
-        for value in headers.getall("Connection", ())
+        for value in headers.getall("Connection")
         for token in value.split(",")
         if token.strip()
-    }
+    )
 
 
 def engine_headers(headers: MultiMapping[str], peer: str | None) -> list[tuple[str, str]]:
     """The client's headers as the engine gets them: no hop-by-hop, X-Forwarded-For appended."""
     named = _connection_named(headers)
-    out = [
-        (k, v)
-        for k, v in headers.items()
-        if (low := k.lower()) not in _NOT_TO_ENGINE
-        and low not in named
-        and low != "x-forwarded-for"
-    ]
-    chain = ", ".join(headers.getall("X-Forwarded-For", ()))
+    drop = _DROPPED_TO_ENGINE | named if named else _DROPPED_TO_ENGINE
+    out = [(k, v) for k, v in headers.items() if k.lower() not in drop]
+    chain = ", ".join(headers.getall("X-Forwarded-For")) if "X-Forwarded-For" in headers else ""
     if peer:
         chain = f"{chain}, {peer}" if chain else peer
     if chain:
@@ -73,11 +75,8 @@ def engine_headers(headers: MultiMapping[str], peer: str | None) -> list[tuple[s
 def client_headers(headers: MultiMapping[str]) -> CIMultiDict[str]:
     """The engine's response headers as the client gets them (repeated ones kept)."""
     named = _connection_named(headers)
-    return CIMultiDict(
-        (k, v)
-        for k, v in headers.items()
-        if (low := k.lower()) not in _NOT_TO_CLIENT and low not in named
-    )
+    drop = _NOT_TO_CLIENT | named if named else _NOT_TO_CLIENT
+    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
 
 
 def usage_counts(usage: Any) -> tuple[int, int] | None:
