@@ -240,10 +240,11 @@ def test_connection_flood_beyond_cap_refused_gateway_still_answers(
         for s in held[:cap]:
             s.close()
         wait_until(lambda: request(router, "/health").status == 200, "a free connection")
-        assert (
-            metric(router, "kvrouter_client_connections_rejected_total", reason="max_connections")
-            == extra + 1
+        # At least the refusals seen above (a poll may race the server seeing a close).
+        refused_total = metric(
+            router, "kvrouter_client_connections_rejected_total", reason="max_connections"
         )
+        assert refused_total >= extra + 1
         assert metric(router, "kvrouter_client_connections") >= 1  # the scrape's own
     finally:
         for s in held:
