@@ -14,6 +14,7 @@ import contextlib
 import gzip
 import io
 import json
+import re
 import shutil
 import socket
 import sys
@@ -27,6 +28,8 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from router.presets import preset_path
 from tests.chart.support import ROUTER_METRICS
@@ -276,6 +279,40 @@ def test_malformed_http_400_openai_shape_no_traceback(fleet: Fleet, data: bytes)
     assert "server" not in got.headers
     assert "Traceback" not in fleet.router.log()
     assert "malformed request from 127.0.0.1" in fleet.router.log()
+
+
+http_pieces = st.sampled_from(
+    [b"GET ", b"POST ", b"G\x00T ", b"PRI * HTTP/2.0\r\n", b"/health", b"/v1/completions",
+     b"/%ff", b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", b" HTTP/9.9\r\n", b"Host: x\r\n",
+     b"Content-Length: 3\r\n", b"Content-Length: -1\r\n", b"Transfer-Encoding: chunked\r\n",
+     b"Content-Encoding: gzip\r\n", b"Bad Header\r\n", b"X: \xff\xfe\r\n", b"\r\n",
+     b"\n", b"3\r\nabc\r\n", b"0\r\n\r\n", b"ZZ\r\n", b"{}", b"\x16\x03\x01"]
+)  # fmt: skip
+http_garbage = st.lists(http_pieces | st.binary(max_size=20), max_size=12).map(b"".join)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=http_garbage)
+def test_fuzz_http_bytes_answered_in_openai_shape_without_banner(fleet: Fleet, data: bytes) -> None:
+    with socket.create_connection((LOOPBACK, fleet.router.port), timeout=PATIENCE) as sock:
+        with contextlib.suppress(OSError):
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)  # nothing more: the gateway answers, then closes
+        try:
+            got = read_until_closed(sock)
+        except ConnectionResetError:
+            return  # closed on us with nothing to say: nothing leaked either
+    if not got:
+        return
+    responses = [r for r in re.split(rb"(?=HTTP/1\.[01] \d{3} )", got) if r]
+    assert responses and responses[0].startswith(b"HTTP/1.")
+    for one in responses:
+        answer = parse_answer(one)
+        assert "server" not in answer.headers
+        if answer.status >= 400:
+            assert answer.headers["content-type"].startswith("application/json")
+            answer.error()
+    assert "Traceback" not in fleet.router.log()
 
 
 # -- bodies ----------------------------------------------------------------------------------
