@@ -10,7 +10,9 @@ neither flag, both run.
 is plumbing) behind nothing (direct: the client spreads requests over the engines itself) and
 behind each of ``--overhead-routers`` (kvrouter's kv-aware preset, SGLang's router and SMG
 with ``--policy cache_aware``), all started together. Streamed chat requests of
-``--max-tokens`` tokens. The whole part runs ``--repeat`` times with fresh processes, the
+``--max-tokens`` tokens; with ``--pace``, the engines send them one decode step apart, each an
+HTTP chunk of its own (as vLLM and SGLang do), which weighs the relay's cost per chunk
+instead of its cost per request. The whole part runs ``--repeat`` times with fresh processes, the
 routers' order rotated each time, because this small machine's noise is larger than some of
 the differences measured.
 
@@ -50,7 +52,7 @@ each engine's share of requests (max / mean), the router's CPU per request and f
 
     python -m bench.sglang_compare [--overhead] [--quality]
         [--engines 1] [--requests 300] [--load-requests 2000] [--concurrency 32 256]
-        [--max-tokens 32] [--repeat 3] [--overhead-routers ROUTER ...]
+        [--max-tokens 32] [--pace 0] [--repeat 3] [--overhead-routers ROUTER ...]
         [--trace ../shared/data/conversation_trace.jsonl] [--limit 2000] [--speedup 6]
         [--engines-quality 4] [--kv-capacity-tokens 1000000] [--prefill-tokens-per-s 80000]
         [--decode-tokens-per-s 100] [--max-batch 16] [--max-output-tokens 64]
@@ -266,6 +268,21 @@ async def _overhead(
     return OverheadResult(mixed, alone, load)
 
 
+def overhead_engine_flags(args: argparse.Namespace) -> list[str]:
+    """engine-sim --fast, or with ``--pace``: tokens one decode step apart, no prefill time and
+    no batch limit, so that every token is an HTTP chunk of its own, as real engines send."""
+    if not args.pace:
+        return ["--fast"]
+    return ["--prefill-tokens-per-s", "1e12", "--decode-tokens-per-s", str(args.pace),
+            "--max-batch", "100000"]  # fmt: skip
+
+
+def engine_label(args: argparse.Namespace) -> str:
+    if not args.pace:
+        return "engine-sim --fast"
+    return f"engine-sim at {args.pace:g} tokens/s per stream"
+
+
 def run_overhead(args: argparse.Namespace, tmp: Path) -> str:
     runs: list[OverheadResult] = []
     names = list(args.overhead_routers)
@@ -273,7 +290,7 @@ def run_overhead(args: argparse.Namespace, tmp: Path) -> str:
         order = names[n % len(names) :] + names[: n % len(names)]
         print(f"run {n + 1} of {args.repeat}: {', '.join(order)}", flush=True)
         with running([]) as procs:
-            engines = start_engines(args.engines, ["--fast"], tmp, procs)
+            engines = start_engines(args.engines, overhead_engine_flags(args), tmp, procs)
             routers: dict[str, Proc] = {}
             for name in order:
                 routers[name] = start_router(name, engines, tmp, None)
@@ -370,7 +387,7 @@ def overhead_summary(args: argparse.Namespace, runs: Sequence[OverheadResult]) -
 
 def overhead_report(args: argparse.Namespace, runs: Sequence[OverheadResult]) -> str:
     parts = [
-        f"### Overhead: {args.engines} x engine-sim --fast, streamed chat, "
+        f"### Overhead: {args.engines} x {engine_label(args)}, streamed chat, "
         f"{args.prompt_chars}-char prompt, {args.max_tokens} tokens, {len(runs)} runs\n\n"
         f"{overhead_summary(args, runs)}"
     ]
@@ -681,6 +698,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--concurrency", type=int, nargs="+", default=[32, 256])
     g.add_argument("--prompt-chars", type=int, default=2000)
     g.add_argument("--max-tokens", type=int, default=32)
+    g.add_argument(
+        "--pace",
+        type=float,
+        default=0.0,
+        help="tokens/s per stream, each token its own chunk (0: engine-sim --fast, default)",
+    )
     g.add_argument("--repeat", type=int, default=3, help="runs, fresh processes each (3)")
     g.add_argument(
         "--overhead-routers",
