@@ -1,6 +1,6 @@
 """Fakes shared by the gateway's tests: an in-memory ``Upstream`` with scriptable engines.
 
-``FakeUpstream`` stands where ``AiohttpUpstream`` stands. Each ``FakeEngine`` answers health
+``FakeUpstream`` stands where ``HttpUpstream`` stands. Each ``FakeEngine`` answers health
 probes and model lists, and answers proxied requests from a queue of ``Script`` steps (one per
 request; an empty queue answers normally: an OpenAI response with usage, streamed when the body
 asks for it). Every response it hands out is tracked, so a test can check that each one was

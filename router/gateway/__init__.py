@@ -4,14 +4,20 @@ One request, one ``exchange``; the rest serve it:
 
 - ``app``: the aiohttp application, the ``Gateway`` state it serves, the read-only and admin
   routes, and the background loops it owns (each started and stopped by a cleanup context).
-- ``exchange``: one request's life in one place: read, parse, decide, then per engine of the
-  plan acquire, attempt, record on the first byte, relay, release.
+- ``exchange``: one request's life in one place: read, parse, admit, decide, then per engine of
+  the plan acquire, attempt, record on the first byte, relay, release; ``deadline``: the one
+  timer behind an attempt's waits.
+- ``flow``: flow control, the bounded fair queue in front of a full fleet; ``auth``: client
+  API keys.
 - ``inbound``: the request body parsed once, and the few fields routing needs, checked.
-- ``upstream``: the one seam to the engines (aiohttp's client), exceptions mapped in one place.
+- ``upstream``: the one seam to the engines, pooled HTTP/1.1 connections, failures mapped in
+  one place; ``http1``: its request and response framing, no I/O.
 - ``relay``: which headers cross each way, and the ``usage`` read from answers.
 - ``sse``: Server-Sent Events framing, no I/O.
 - ``errors``: the error tree, and the one place that renders errors in OpenAI's shape.
 - ``engines``: the engine pool: static and DNS-discovered engines, health, model lists.
+- ``engine_metrics``: scraping the engines' own load; ``kv_events``: subscribing to their KV
+  cache events; ``tokenize``: their token ids for a prompt.
 - ``metrics``: the Prometheus registry the app owns.
 - ``config``: the config file's model, its strict loader and the command-line overrides
   (``config_engines`` and ``config_gossip`` hold those sections).

@@ -55,7 +55,7 @@ from router.gateway.kv_events import EventMetrics, Subscriber
 from router.gateway.metrics import FleetView, Metrics
 from router.gateway.reload import PolicyWatcher, Result
 from router.gateway.tokenize import Tokenizer
-from router.gateway.upstream import AiohttpUpstream, Upstream
+from router.gateway.upstream import HttpUpstream, Upstream
 
 if TYPE_CHECKING:
     from router.gateway.replicas import Replica
@@ -97,7 +97,7 @@ class Gateway:
             origin = run_origin(gossip.node_id)
         # Raises PolicyError: the gateway does not start on a policy it cannot read.
         self.core = RoutingCore(self.watcher.load_initial(), origin)
-        self.upstream: Upstream = upstream or AiohttpUpstream(config.timeouts.connect_seconds)
+        self.upstream: Upstream = upstream or HttpUpstream(config.timeouts.connect_seconds)
         # Peers by membership state, for kvrouter_gossip_peers; gossip replaces it.
         self.gossip_peers: Callable[[], Mapping[str, int]] = lambda: {"alive": 0}
         # The other kvrouter_gossip_* series; gossip replaces it.

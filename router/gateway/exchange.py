@@ -38,7 +38,9 @@ from aiohttp import web
 from router.core.decision import Decision, Lease, RoutingCore, TokenPrompt
 from router.core.index import Delta
 from router.core.retry_budget import RetryBudget
+from router.gateway.auth import KEY_NAME
 from router.gateway.config import Limits, Timeouts
+from router.gateway.deadline import Deadline
 from router.gateway.engines import EnginePool
 from router.gateway.errors import (
     BodyTimeout,
@@ -53,7 +55,6 @@ from router.gateway.errors import (
     error_response,
     stream_error,
 )
-from router.gateway.auth import KEY_NAME
 from router.gateway.flow import Admission, priority_of, tenant_of
 from router.gateway.inbound import BodyParser, Inbound, session_of
 from router.gateway.metrics import Metrics
@@ -129,83 +130,6 @@ def decide(
     )
     cands = s.pool.candidates(inbound.model)
     return core.decide(inbound.text, cands, s.clock(), session, tokenized=tokenized)
-
-
-class Deadline:
-    """The one timer behind an attempt's waits on its engine: the first byte, then each read.
-
-    ``asyncio.timeout`` around every read creates and cancels a timer per chunk. Here a wait
-    only moves ``at`` forward, and the timer, when it fires before the deadline in force,
-    re-arms itself for it: a stream gets one timer per idle period, not one per chunk. The
-    timer is first armed for the ``shortest`` wait the attempt will make, so that moving from
-    a long first-byte limit to a shorter idle limit needs no new timer either. When a wait
-    outlives its deadline the task is cancelled, and ``expired`` tells that cancellation from
-    any other (a client that left), the way ``asyncio.timeout`` does.
-    """
-
-    __slots__ = (
-        "_cancelled",
-        "_cancelling",
-        "_handle",
-        "_handle_at",
-        "_loop",
-        "_shortest",
-        "_task",
-        "_waiting",
-        "at",
-    )
-
-    def __init__(self, shortest: float) -> None:
-        task = asyncio.current_task()
-        assert task is not None, "a Deadline guards the task that creates it"
-        self._task = task
-        self._loop = task.get_loop()
-        self._shortest = shortest
-        self._cancelling = task.cancelling()
-        self._handle: asyncio.TimerHandle | None = None
-        self._handle_at = 0.0
-        self._waiting = False
-        self._cancelled = False  # this deadline cancelled the task
-        self.at = 0.0
-
-    def start(self, seconds: float) -> None:
-        """A wait begins that may last ``seconds``; call ``stop`` when it ends."""
-        now = self._loop.time()
-        self.at = at = now + seconds
-        self._waiting = True
-        if self._handle is not None:
-            if self._handle_at <= at:
-                return  # fires first, then re-arms for ``at``
-            self._handle.cancel()
-        self._handle_at = first = min(at, now + self._shortest)
-        self._handle = self._loop.call_at(first, self._fire)
-
-    def stop(self) -> None:
-        """The wait ended (with bytes, an error or a cancellation)."""
-        self._waiting = False
-
-    def expired(self) -> bool:
-        """On a CancelledError: True when this deadline cancelled the task, and nothing else."""
-        if not self._cancelled:
-            return False
-        self._cancelled = False
-        return self._task.uncancel() <= self._cancelling
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    def _fire(self) -> None:
-        self._handle = None
-        if not self._waiting:
-            return  # nothing to cut short; the next wait arms a timer again
-        if self._loop.time() < self.at:
-            self._handle = self._loop.call_at(self.at, self._fire)
-            self._handle_at = self.at
-            return
-        self._cancelled = True
-        self._task.cancel()
 
 
 def ends_stream(chunk: bytes, at_event: bool) -> bool:

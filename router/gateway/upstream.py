@@ -1,18 +1,17 @@
 """The one seam between the gateway and the engines: ``Upstream``.
 
 Everything the gateway sends to an engine (proxied requests, health probes, model lists) goes
-through an ``Upstream``. ``AiohttpUpstream`` is the real one: HTTP/1.1 over pooled keep-alive
+through an ``Upstream``. ``HttpUpstream`` is the real one: HTTP/1.1 over pooled keep-alive
 connections, TCP_NODELAY on every socket (a streamed token must not wait for Nagle's
 algorithm), bytes relayed as the engine sent them (no decompression). Tests swap in
 ``tests.fakes.FakeUpstream``. Failures become ``router.gateway.errors`` classes here, in one
 place, so nothing above this module knows sockets or HTTP framing.
 
-The wire is this module's own, in two layers. ``ResponseParser`` is HTTP/1.1 response framing
-with no I/O (bytes in; the head, then body bytes, then the end), tested one byte at a time.
-``_Connection`` moves bytes between a socket and a parser, one request at a time. aiohttp's
-client did this job before and took a quarter to a third of the gateway's CPU per streamed
-request (bench/RESULTS.md): a request, a status line and a few chunks need no session, cookie
-jar, tracing, redirects or per-request tasks.
+The wire is the gateway's own, in two layers: router.gateway.http1 frames requests and
+responses with no I/O; ``_Connection`` moves bytes between a socket and a parser, one request
+at a time. aiohttp's client did this job before and took a quarter to a third of the
+gateway's CPU per streamed request (bench/RESULTS.md): a request, a status line and a few
+chunks need no session, cookie jar, tracing, redirects or per-request tasks.
 
 Timeouts other than connecting belong to the caller: the proxy knows whether it is waiting
 for a first byte or in the middle of a stream.
@@ -21,7 +20,6 @@ for a first byte or in the middle of a stream.
 from __future__ import annotations
 
 import asyncio
-import re
 import socket
 import ssl
 from collections.abc import Sequence
@@ -30,7 +28,7 @@ from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 from aiohappyeyeballs import AddrInfoType
-from multidict import CIMultiDict, MultiMapping
+from multidict import MultiMapping
 
 from router.gateway.errors import (
     BadRequest,
@@ -39,6 +37,7 @@ from router.gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from router.gateway.http1 import ResponseParser, WireError, request_bytes
 
 # A model list or health answer larger than this is not one; reading stops there.
 MAX_FETCH_BYTES = 4 * 1024 * 1024
@@ -47,10 +46,6 @@ MAX_FETCH_BYTES = 4 * 1024 * 1024
 KEEPALIVE_SECONDS = 4.0
 # An engine's addresses are looked up again after this long (DNS may move an engine).
 DNS_TTL_SECONDS = 10.0
-# A response head (status line and headers) or a chunk's trailers larger than this is refused.
-MAX_HEAD_BYTES = 64 * 1024
-# A chunk-size line (hex size and extensions) longer than this is refused.
-MAX_CHUNK_LINE_BYTES = 4096
 # Body bytes buffered unread before the connection stops reading (the engine then waits): a
 # client reading slowly holds back its engine instead of filling the gateway's memory.
 READ_HIGH_WATER_BYTES = 256 * 1024
@@ -98,7 +93,8 @@ class Upstream(Protocol):
     """How the gateway talks to engines."""
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
-        """Send ``request``; return when status and headers arrived; raises ``UpstreamError``."""
+        """Send ``request``; return when status, headers and the first body bytes (or the
+        end) arrived; raises ``UpstreamError``."""
         ...
 
     async def fetch(self, url: str, seconds: float) -> tuple[int, bytes]:
@@ -117,238 +113,6 @@ def nodelay_socket(addr_info: AddrInfoType) -> socket.socket:
     if family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
-
-
-# -- HTTP/1.1 response framing, no I/O ------------------------------------------------------
-
-
-class WireError(ValueError):
-    """The bytes are not an HTTP/1.1 response this client can read (RFC 9112)."""
-
-
-_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
-_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n]*)?")
-# Header lines, each with its CRLF: a token, a colon, a value without line breaks.
-_FIELD_LINES = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n]*\r\n)*")
-_FIELD_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n]*")
-# A chunk-size line with its CRLF: hex size, then optional (ignored) extensions.
-_CHUNK_HEAD = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r\n")
-_DIGITS = re.compile(r"[0-9]{1,18}")
-
-
-class ResponseParser:
-    """One HTTP/1.1 response, fed as bytes in whatever pieces they arrive.
-
-    After ``feed``: ``status`` and ``headers`` once the head is complete (interim 1xx heads are
-    skipped), decoded body bytes waiting in ``body`` (the caller takes them and clears the
-    list), ``complete`` once the message ended. ``eof`` says the connection closed, which ends
-    a body framed by the close and breaks any other. ``reusable`` tells whether the connection
-    can carry another request. Malformed input raises ``WireError`` saying what was wrong.
-    """
-
-    __slots__ = (
-        "_left",
-        "_pending",
-        "_state",
-        "body",
-        "buffered",
-        "complete",
-        "headers",
-        "reusable",
-        "status",
-    )
-
-    def __init__(self) -> None:
-        self.status = 0
-        self.headers: CIMultiDict[str] | None = None
-        self.body: list[bytes] = []
-        self.buffered = 0  # bytes in ``body``, kept by the caller as it takes them
-        self.complete = False
-        self.reusable = False
-        self._state = _HEAD
-        self._left = 0  # body or chunk bytes still to come
-        self._pending = b""  # an unfinished head, size line or terminator
-
-    def feed(self, data: bytes) -> None:
-        """Consume ``data``; raises ``WireError``."""
-        if self._pending:
-            data = self._pending + data
-            self._pending = b""
-        pos, end = 0, len(data)
-        while pos < end:
-            state = self._state
-            if state in (_CHUNK_DATA, _LENGTH):
-                take = min(self._left, end - pos)
-                piece = data if take == end else data[pos : pos + take]
-                self.body.append(piece)
-                self.buffered += take
-                self._left -= take
-                pos += take
-                if not self._left:
-                    if state == _LENGTH:
-                        self._finish()
-                    else:
-                        self._state = _CHUNK_END
-            elif state == _CHUNK_END:
-                if end - pos < 2:
-                    self._pending = data[pos:]
-                    return
-                if data[pos : pos + 2] != b"\r\n":
-                    raise WireError("a chunk's data does not end with CRLF")
-                pos += 2
-                self._state = _CHUNK_SIZE
-            elif state == _CHUNK_SIZE:
-                pos = self._chunks(data, pos, end)
-                if self._state == _CHUNK_SIZE and pos < end:
-                    self._pending = data[pos:]  # an unfinished chunk-size line
-                    return
-            elif state == _HEAD:
-                eoh = data.find(b"\r\n\r\n", pos, pos + MAX_HEAD_BYTES + 4)
-                if eoh < 0:
-                    if end - pos > MAX_HEAD_BYTES:
-                        raise WireError(f"the response head is over {MAX_HEAD_BYTES} bytes")
-                    self._pending = data[pos:]
-                    return
-                self._head(data[pos:eoh])
-                pos = eoh + 4
-            elif state == _TRAILERS:
-                if data.startswith(b"\r\n", pos):
-                    pos += 2
-                    self._finish()
-                    continue
-                eot = data.find(b"\r\n\r\n", pos, pos + MAX_HEAD_BYTES + 4)
-                if eot < 0:
-                    if end - pos > MAX_HEAD_BYTES:
-                        raise WireError(f"the trailers are over {MAX_HEAD_BYTES} bytes")
-                    self._pending = data[pos:]
-                    return
-                pos = eot + 4  # trailer fields are not relayed
-                self._finish()
-            elif state == _UNTIL_CLOSE:
-                self.body.append(data if pos == 0 else data[pos:])
-                self.buffered += end - pos
-                return
-            else:  # _DONE: bytes after the end of the response it was asked for
-                self.reusable = False
-                return
-
-    def _chunks(self, data: bytes, pos: int, end: int) -> int:
-        """Whole chunks from ``pos``, where a chunk-size line starts; returns where the rest
-        starts. An event stream is one chunk per event: this loop is the relay's hot path."""
-        body = self.body
-        match = _CHUNK_HEAD.match
-        taken = 0
-        while pos < end:
-            m = match(data, pos)
-            if m is None:
-                _check_chunk_line(data, pos, end)  # raises unless the line is unfinished
-                break
-            start = m.end()
-            if start - pos > MAX_CHUNK_LINE_BYTES + 2:
-                raise WireError(f"a chunk-size line is over {MAX_CHUNK_LINE_BYTES} bytes")
-            size = int(m[1], 16)
-            if not size:
-                self._state = _TRAILERS
-                pos = start
-                break
-            stop = start + size
-            if stop + 2 > end:  # the chunk goes on in later bytes
-                self._left = size
-                self._state = _CHUNK_DATA
-                pos = start
-                break
-            if data[stop] != 13 or data[stop + 1] != 10:
-                raise WireError("a chunk's data does not end with CRLF")
-            body.append(data[start:stop])
-            taken += size
-            pos = stop + 2
-        self.buffered += taken
-        return pos
-
-    def eof(self) -> None:
-        """The connection closed; raises ``WireError`` if the response was not complete."""
-        if self._state == _UNTIL_CLOSE:
-            self._finish()
-        elif not self.complete:
-            where = "before its head ended" if self.headers is None else "in the middle of the body"
-            raise WireError(f"the connection closed {where}")
-
-    def _finish(self) -> None:
-        self._state = _DONE
-        self.complete = True
-
-    def _head(self, raw: bytes) -> None:
-        eol = raw.find(b"\r\n")
-        status_line, fields = (raw, b"") if eol < 0 else (raw[:eol], raw[eol + 2 :] + b"\r\n")
-        m = _STATUS_LINE.fullmatch(status_line)
-        if m is None:
-            raise WireError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
-        status = int(m[2])
-        http11 = m[1] == b"1"
-        if status == 101:
-            raise WireError("the engine switched protocols, which was never asked for")
-        if status < 200:
-            return  # an interim response (100 Continue, 103 Early Hints): the real one follows
-        if _FIELD_LINES.fullmatch(fields) is None:
-            bad = next(x for x in fields.split(b"\r\n") if not _FIELD_LINE.fullmatch(x))
-            raise WireError(f"not a header line: {bad[:80]!r}")
-        headers: CIMultiDict[str] = CIMultiDict()
-        add = headers.add
-        # Names are ASCII (checked above); values may carry any other byte, kept as UTF-8 with
-        # escapes so that they go back out as they came.
-        for line in fields.decode("utf-8", "surrogateescape").split("\r\n")[:-1]:
-            name, _, value = line.partition(":")
-            add(name, value.strip(" \t"))
-        self.status = status
-        self.headers = headers
-        keep = http11
-        if keep and "Connection" in headers:
-            keep = "close" not in _tokens(headers.getall("Connection"))
-        te = headers.getall("Transfer-Encoding", ())
-        codings = ["chunked"] if te == ["chunked"] else _tokens(te)
-        if status in (204, 304):
-            self.reusable = keep
-            self._finish()
-        elif codings:
-            if codings[-1] == "chunked":
-                # With both Transfer-Encoding and Content-Length the message is suspect
-                # (RFC 9112 section 6.3): read it by its chunks, then close the connection.
-                self.reusable = keep and "Content-Length" not in headers
-                self._state = _CHUNK_SIZE
-            else:
-                self._state = _UNTIL_CLOSE
-        elif "Content-Length" in headers:
-            self._left = _content_length(headers.getall("Content-Length"))
-            self.reusable = keep
-            self._state = _LENGTH
-            if not self._left:
-                self._finish()
-        else:
-            self._state = _UNTIL_CLOSE
-
-
-def _tokens(values: list[str] | tuple[()]) -> list[str]:
-    """The comma-separated tokens of a header's values, lower-cased, in order."""
-    return [t.strip().lower() for v in values for t in v.split(",") if t.strip()]
-
-
-def _check_chunk_line(data: bytes, pos: int, end: int) -> None:
-    """Raise unless the chunk-size line at ``pos`` is merely unfinished."""
-    eol = data.find(b"\r\n", pos, pos + MAX_CHUNK_LINE_BYTES + 2)
-    if eol >= 0:
-        raise WireError(f"not a chunk-size line: {data[pos:eol][:80]!r}")
-    if end - pos > MAX_CHUNK_LINE_BYTES:
-        raise WireError(f"a chunk-size line is over {MAX_CHUNK_LINE_BYTES} bytes")
-
-
-def _content_length(values: list[str]) -> int:
-    found = {v.strip() for value in values for v in value.split(",")}
-    if len(found) != 1 or _DIGITS.fullmatch(next(iter(found))) is None:
-        raise WireError(f"not a Content-Length: {', '.join(values)[:80]!r}")
-    return int(found.pop())
-
-
-# -- connections and the pool ---------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,7 +189,8 @@ class _Connection(asyncio.Protocol):
         if p.buffered > READ_HIGH_WATER_BYTES and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
-        self._wake()
+        if p.body or p.complete:  # a head alone wakes nobody: the body's first bytes follow
+            self._wake()
 
     def eof_received(self) -> bool:
         p = self.parser
@@ -490,10 +255,12 @@ class _Connection(asyncio.Protocol):
         self.transport.write(data)
 
     async def head(self) -> ResponseParser:
-        """The parser once the response's head has arrived; raises ``UpstreamError``."""
+        """The parser once the response's head and its first body bytes (or its end) have
+        arrived; raises ``UpstreamError``. Engines often send the head on its own first: the
+        caller reads the first bytes next anyway, and is woken once instead of twice."""
         p = self.parser
         assert p is not None
-        while p.headers is None:
+        while not (p.body or p.complete):
             if self.error is not None:
                 raise self.error
             if self.lost:
@@ -620,30 +387,7 @@ class _Pool:
         self._idle.clear()
 
 
-# Control characters a header field must not carry; CR and LF are counted instead (below).
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-
-
-def request_bytes(target: _Target, request: UpstreamRequest) -> bytes:
-    """``request`` as HTTP/1.1 bytes: request line, Host, its headers, Content-Length, body.
-
-    Raises ``ValueError`` when a header holds a line break or another control character,
-    which would let one header smuggle others (or a second request) to the engine.
-    """
-    fields = "".join([f"\r\n{k}: {v}" for k, v in request.headers])
-    n = len(request.headers)
-    if fields.count("\n") != n or fields.count("\r") != n or _CONTROL.search(fields):
-        raise ValueError("a header holds a line break or a control character")
-    if request.body or request.method == "POST":
-        fields += f"\r\nContent-Length: {len(request.body)}"
-    text = (
-        f"{request.method} {target.base_path}{request.path} HTTP/1.1\r\n"
-        f"Host: {target.authority}{fields}\r\n\r\n"
-    )
-    return text.encode("utf-8", "surrogateescape") + request.body
-
-
-class AiohttpUpstream:
+class HttpUpstream:
     """``Upstream`` over this module's HTTP/1.1 client with pooled keep-alive connections."""
 
     def __init__(self, connect_seconds: float, tls: ssl.SSLContext | None = None) -> None:
@@ -665,7 +409,13 @@ class AiohttpUpstream:
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         target = self._target(request.engine)
         try:
-            data = request_bytes(target, request)
+            data = request_bytes(
+                request.method,
+                target.base_path + request.path,
+                target.authority,
+                request.headers,
+                request.body,
+            )
         except ValueError as e:
             raise BadRequest(str(e)) from None
         conn = await self._connection(request.engine, target)

@@ -31,6 +31,7 @@ from router.gateway import sse
 from router.gateway.app import Gateway, build_app
 from router.gateway.config import Config, DnsEngines, EngineSources, Limits, Timeouts
 from router.gateway.config import Health as HealthConfig
+from router.gateway.deadline import Deadline
 from tests.fakes import (
     SSE,
     FakeEngine,
@@ -740,7 +741,7 @@ async def test_event_stream_head_and_first_event_leave_in_one_write() -> None:
     assert writes[1:] == [b"0\r\n\r\n"]
 
 
-async def wait_on(deadline: exchange_module.Deadline, seconds: float, pause: float) -> str:
+async def wait_on(deadline: Deadline, seconds: float, pause: float) -> str:
     """One guarded wait of ``pause`` seconds: "ok", "expired" or "cancelled"."""
     deadline.start(seconds)
     try:
@@ -754,7 +755,7 @@ async def wait_on(deadline: exchange_module.Deadline, seconds: float, pause: flo
 
 async def test_deadline_short_waits_never_expire_however_long_the_stream() -> None:
     async def stream() -> list[str]:
-        deadline = exchange_module.Deadline(0.1)
+        deadline = Deadline(0.1)
         try:
             # 25 waits of 10 ms against a 100 ms limit: 250 ms in all, each well inside.
             return [await wait_on(deadline, 0.1, 0.01) for _ in range(25)]
@@ -769,7 +770,7 @@ async def test_deadline_shorter_wait_after_longer_expires_on_its_own_limit(
     shortest: float,
 ) -> None:
     async def attempt() -> list[str]:
-        deadline = exchange_module.Deadline(shortest)
+        deadline = Deadline(shortest)
         try:
             first = await wait_on(deadline, 30, 0)  # a first byte allowed 30 s, there at once
             idle = await wait_on(deadline, 0.05, 30)  # then an idle limit of 50 ms
@@ -786,7 +787,7 @@ async def test_deadline_other_cancellation_is_not_a_timeout() -> None:
     waiting = asyncio.Event()
 
     async def attempt() -> None:
-        deadline = exchange_module.Deadline(30)
+        deadline = Deadline(30)
         try:
             deadline.start(30)
             waiting.set()

@@ -31,16 +31,13 @@ from router.gateway.errors import (
     UpstreamDropped,
     UpstreamTimeout,
 )
+from router.gateway.http1 import MAX_HEAD_BYTES, ResponseParser, WireError, request_bytes
 from router.gateway.upstream import (
-    MAX_HEAD_BYTES,
     READ_HIGH_WATER_BYTES,
-    AiohttpUpstream,
-    ResponseParser,
+    HttpUpstream,
     UpstreamRequest,
     UpstreamResponse,
-    WireError,
     nodelay_socket,
-    request_bytes,
 )
 from tests.support import LOOPBACK, free_port
 
@@ -238,19 +235,15 @@ def test_parser_eof_before_the_end_wire_error(raw: bytes, where: str) -> None:
 
 def test_request_bytes_line_host_headers_length_body() -> None:
     target = upstream_mod._Target.of("http://engine-a:8000/api")
-    req = UpstreamRequest(
-        "http://engine-a:8000/api",
-        CHAT,
-        (("Content-Type", "application/json"), ("X-Name", "café")),
-        b'{"a":1}',
-    )
-    assert request_bytes(target, req) == (
+    headers = (("Content-Type", "application/json"), ("X-Name", "café"))
+    got = request_bytes("POST", target.base_path + CHAT, target.authority, headers, b'{"a":1}')
+    assert got == (
         b"POST /api/v1/chat/completions HTTP/1.1\r\nHost: engine-a:8000\r\n"
         b"Content-Type: application/json\r\nX-Name: caf\xc3\xa9\r\nContent-Length: 7\r\n\r\n"
         b'{"a":1}'
     )
-    get = UpstreamRequest("http://[::1]:9", "/health", (), b"", "GET")
-    assert request_bytes(upstream_mod._Target.of("http://[::1]:9"), get) == (
+    v6 = upstream_mod._Target.of("http://[::1]:9")
+    assert request_bytes("GET", v6.base_path + "/health", v6.authority, (), b"") == (
         b"GET /health HTTP/1.1\r\nHost: [::1]:9\r\n\r\n"
     )
 
@@ -259,13 +252,10 @@ def test_request_bytes_line_host_headers_length_body() -> None:
     "value", ["a\r\nX-Smuggled: 1", "a\nb", "a\rb", "nul\x00", "bell\x07", "del\x7f"]
 )
 def test_request_bytes_line_break_or_control_in_header_refused(value: str) -> None:
-    target = upstream_mod._Target.of("http://e:1")
     with pytest.raises(ValueError, match="control character"):
-        request_bytes(target, UpstreamRequest("http://e:1", CHAT, (("X-A", value),), b"{}"))
+        request_bytes("POST", CHAT, "e:1", (("X-A", value),), b"{}")
     # A tab is allowed in a field value.
-    assert b"X-A: a\tb\r\n" in request_bytes(
-        target, UpstreamRequest("http://e:1", CHAT, (("X-A", "a\tb"),), b"{}")
-    )
+    assert b"X-A: a\tb\r\n" in request_bytes("POST", CHAT, "e:1", (("X-A", "a\tb"),), b"{}")
 
 
 # -- on loopback -----------------------------------------------------------------------------
@@ -310,8 +300,8 @@ async def read_all(resp: UpstreamResponse) -> bytes:
 
 
 @asynccontextmanager
-async def upstream(**kw: object) -> AsyncIterator[AiohttpUpstream]:
-    up = AiohttpUpstream(connect_seconds=2, **kw)  # type: ignore[arg-type]
+async def upstream(**kw: object) -> AsyncIterator[HttpUpstream]:
+    up = HttpUpstream(connect_seconds=2, **kw)  # type: ignore[arg-type]
     try:
         yield up
     finally:

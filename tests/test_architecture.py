@@ -1,0 +1,161 @@
+"""The layout is part of the design: these tests keep it so.
+
+- No import cycles between router's modules (module-level imports, as Python runs them).
+- The core is pure: it imports only the standard library, its declared pure dependencies and
+  other core modules.
+- The gossip library knows nothing of the index, the decision or the gateway.
+- A function-local import says why in a comment (on its line or the line above).
+- No hand-written module is much over 500 lines (540 at most).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "router"
+GENERATED = PACKAGE / "gossip" / "pb"
+# "About 500 lines": a few over is judgement, far over is a module doing two jobs.
+MAX_LINES = 540
+CORE_THIRD_PARTY = {"xxhash", "uhashring", "yaml", "msgpack"}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if GENERATED in path.parents:
+            continue
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = modules()
+
+
+def _type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
+
+
+def top_level_imports(tree: ast.Module, name: str, is_package: bool) -> Iterator[str]:
+    """Modules imported when ``name`` is imported (not under TYPE_CHECKING, not in functions)."""
+    base = name if is_package else name.rpartition(".")[0]
+    stack: list[ast.stmt] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and not _type_checking(node):
+            stack.extend(node.body + node.orelse)
+        elif isinstance(node, ast.Try):
+            stack.extend(node.body + node.orelse + node.finalbody)
+            for h in node.handlers:
+                stack.extend(h.body)
+        elif isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                pkg = base.rsplit(".", node.level - 1)[0] if node.level > 1 else base
+                mod = f"{pkg}.{node.module}" if node.module else pkg
+            else:
+                mod = node.module or ""
+            yield mod
+            for a in node.names:  # ``from package import module``
+                if f"{mod}.{a.name}" in MODULES:
+                    yield f"{mod}.{a.name}"
+
+
+def graph() -> dict[str, set[str]]:
+    g: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        deps = set()
+        for mod in top_level_imports(tree, name, path.name == "__init__.py"):
+            # Importing a.b.c runs a, a.b and a.b.c.
+            parts = mod.split(".")
+            deps |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+        g[name] = {d for d in deps if d in MODULES and d != name}
+    return g
+
+
+def test_no_import_cycles() -> None:
+    g = graph()
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+    cycles: list[list[str]] = []
+
+    def visit(n: str, path: list[str]) -> None:
+        state[n] = 1
+        for d in sorted(g[n]):
+            if state.get(d) == 1:
+                cycles.append([*path[path.index(d) :], d] if d in path else [n, d])
+            elif d not in state:
+                visit(d, [*path, d])
+        state[n] = 2
+
+    for n in sorted(g):
+        if n not in state:
+            visit(n, [n])
+    # A package's __init__ importing its own submodules is how packages work, not a cycle.
+    real = [c for c in cycles if not all(c[0].startswith(x) or x.startswith(c[0]) for x in c)]
+    assert real == []
+
+
+def test_core_is_pure() -> None:
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    for name, path in MODULES.items():
+        if not name.startswith("router.core"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                mods = [node.module or ""]
+            else:
+                continue
+            for mod in mods:
+                top = mod.split(".")[0]
+                ok = mod.startswith("router.core") or top in stdlib or top in CORE_THIRD_PARTY
+                assert ok, f"{name} imports {mod}: the core imports no I/O shell"
+
+
+def test_gossip_knows_nothing_of_the_router() -> None:
+    allowed = {"router", "router.hostport", "router.core", "router.core.fields", "router.core.seq"}
+    g = graph()
+    for name, deps in g.items():
+        if name.startswith("router.gossip"):
+            outside = {d for d in deps if not d.startswith("router.gossip")} - allowed
+            assert not outside, f"{name} imports {sorted(outside)}"
+
+
+def _local_imports(tree: ast.Module) -> Iterator[ast.stmt]:
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    yield node
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_function_local_imports_say_why(name: str) -> None:
+    path = MODULES[name]
+    lines = path.read_text().splitlines()
+    for node in _local_imports(ast.parse("\n".join(lines), str(path))):
+        here, above = lines[node.lineno - 1], lines[node.lineno - 2].strip()
+        assert "#" in here or above.startswith("#"), (
+            f"{path.relative_to(ROOT)}:{node.lineno}: a function-local import hides a "
+            "dependency; import at the top, or say why in a comment"
+        )
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_stay_small(name: str) -> None:
+    n = len(MODULES[name].read_text().splitlines())
+    assert n <= MAX_LINES, f"{MODULES[name].relative_to(ROOT)} has {n} lines: split it by idea"
