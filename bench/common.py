@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -106,15 +105,6 @@ async def stream_timing(
 async def ttft(http: aiohttp.ClientSession, url: str, payload: dict[str, object]) -> float:
     """Seconds to the first event of a streamed request (the stream is then read to its end)."""
     return (await stream_timing(http, url, payload)).ttft
-
-
-def pct(values: list[float], q: int) -> float:
-    """The ``q``-th percentile (1..100) of ``values``, interpolated; 100 is the maximum."""
-    if len(values) < 2:
-        return values[0] if values else float("nan")
-    return (
-        statistics.quantiles(values, n=100, method="inclusive")[q - 1] if q < 100 else max(values)
-    )
 
 
 async def interleaved(

@@ -52,7 +52,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.common import pct
+from router.core.stats import percentile
 from router.core.workload import from_mooncake
 from router.gateway.sse import Decoder
 from router.presets import preset_text
@@ -317,8 +317,8 @@ def table(results: Sequence[Result]) -> Iterator[str]:
             f"{r.hit_ratio / pooled:.3f}" if pooled else "-",
             f"{r.routed.hit_ratio:.4f}",
             f"{r.bypass.hit_ratio:.4f}",
-            ms(pct(r.routed.ttfts, 50)),
-            ms(pct(r.routed.ttfts, 99)),
+            ms(percentile(r.routed.ttfts, 50)),
+            ms(percentile(r.routed.ttfts, 99)),
             f"{r.busiest_share:.2f}" if r.run != "pooled" else "-",
             str(r.routed.failed + r.bypass.failed),
             f"{r.seconds:.0f}",
@@ -404,8 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                         "cached_tokens": r.cached_tokens,
                         "routed_hit_ratio": r.routed.hit_ratio,
                         "bypass_hit_ratio": r.bypass.hit_ratio,
-                        "ttft_p50_s": pct(r.routed.ttfts, 50),
-                        "ttft_p99_s": pct(r.routed.ttfts, 99),
+                        "ttft_p50_s": percentile(r.routed.ttfts, 50),
+                        "ttft_p99_s": percentile(r.routed.ttfts, 99),
                         "requests_per_engine": r.requests_per_engine,
                         "failed": r.routed.failed + r.bypass.failed,
                         "seconds": r.seconds,

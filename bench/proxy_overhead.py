@@ -28,7 +28,8 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from bench.common import chat_body, closed_loop, interleaved, pct, tree_cpu_seconds
+from bench.common import chat_body, closed_loop, interleaved, tree_cpu_seconds
+from router.core.stats import percentile
 from tests.support import Proc, running, start_kvrouter
 
 # With several workers, /ready answers 200 this many times in a row on fresh connections
@@ -47,10 +48,10 @@ async def latency(
     direct = [t.ttft for t in timings["direct"]]
     routed = [t.ttft for t in timings["router"]]
     return {
-        "direct_p50": pct(direct, 50),
-        "direct_p99": pct(direct, 99),
-        "router_p50": pct(routed, 50),
-        "router_p99": pct(routed, 99),
+        "direct_p50": percentile(direct, 50),
+        "direct_p99": percentile(direct, 99),
+        "router_p50": percentile(routed, 50),
+        "router_p99": percentile(routed, 99),
     }
 
 

@@ -87,12 +87,12 @@ from bench.common import (
     chat_body,
     closed_loop,
     interleaved,
-    pct,
     tree_cpu_seconds,
 )
+from router.core.stats import percentile
 from router.core.workload import TraceRequest, from_mooncake
 from router.gateway.sse import Decoder
-from router.presets import preset_path
+from router.presets import preset_text
 from tests.support import LOOPBACK, Proc, free_port, running, start_kvrouter
 
 MODEL = "sim-model"
@@ -310,13 +310,13 @@ def latency_table(latency: Mapping[str, list[Timing]]) -> str:
         rows.append(
             [
                 name,
-                ms(pct(ttft, 50)),
-                ms(pct(ttft, 99)),
-                ms(pct(ttft, 50) - pct(d_ttft, 50)),
-                ms(pct(ttft, 99) - pct(d_ttft, 99)),
-                ms(pct(total, 50)),
-                ms(pct(total, 99)),
-                ms(pct(total, 50) - pct(d_total, 50)),
+                ms(percentile(ttft, 50)),
+                ms(percentile(ttft, 99)),
+                ms(percentile(ttft, 50) - percentile(d_ttft, 50)),
+                ms(percentile(ttft, 99) - percentile(d_ttft, 99)),
+                ms(percentile(total, 50)),
+                ms(percentile(total, 99)),
+                ms(percentile(total, 50) - percentile(d_total, 50)),
             ]
         )
     head = [
@@ -365,7 +365,12 @@ def overhead_summary(args: argparse.Namespace, runs: Sequence[OverheadResult]) -
         for r in runs:
             direct = [t.ttft for t in r.interleaved["direct"]]
             mine = [t.ttft for t in r.interleaved[n]]
-            added.append((pct(mine, 50) - pct(direct, 50), pct(mine, 99) - pct(direct, 99)))
+            added.append(
+                (
+                    percentile(mine, 50) - percentile(direct, 50),
+                    percentile(mine, 99) - percentile(direct, 99),
+                )
+            )
         lat_rows.append(
             [
                 n,
@@ -374,7 +379,7 @@ def overhead_summary(args: argparse.Namespace, runs: Sequence[OverheadResult]) -
             ]
         )
     direct_p50 = _cells(
-        [pct([t.ttft for t in r.interleaved["direct"]], 50) * 1000 for r in runs], ".2f"
+        [percentile([t.ttft for t in r.interleaved["direct"]], 50) * 1000 for r in runs], ".2f"
     )
     lat_table = table(["path", "added TTFT p50 ms", "added TTFT p99 ms"], lat_rows)
     return (
@@ -401,8 +406,8 @@ def overhead_report(args: argparse.Namespace, runs: Sequence[OverheadResult]) ->
                     name,
                     f"{lr.requests_per_s:.0f}",
                     "-" if cpu is None else f"{cpu:.3f}",
-                    ms(pct(lr.ttfts, 50)),
-                    ms(pct(lr.ttfts, 99)),
+                    ms(percentile(lr.ttfts, 50)),
+                    ms(percentile(lr.ttfts, 99)),
                     str(lr.failures),
                 ]
             )
@@ -455,11 +460,8 @@ def trace_reuse(trace: Sequence[TraceRequest]) -> float:
 
 def write_kv_aware_policy(dest: Path, engine_capacity_tokens: int) -> None:
     """The kv-aware preset, told the engines' cache size (as an operator would set it)."""
-    text = preset_path("kv-aware").read_text()
-    line = "engine_capacity_tokens: 1000000"
-    if line not in text:
-        raise RuntimeError(f"the kv-aware preset no longer has {line!r}; update this bench")
-    dest.write_text(text.replace(line, f"engine_capacity_tokens: {engine_capacity_tokens}"))
+    settings = {"index.engine_capacity_tokens": engine_capacity_tokens}
+    dest.write_text(preset_text("kv-aware", settings))
 
 
 @dataclass
@@ -649,13 +651,13 @@ def quality_report(
                 r.router,
                 f"{r.hit_ratio:.3f}",
                 f"{usage_hit:.3f}",
-                f"{pct(rep.ttfts, 50) * 1000:.0f}",
-                f"{pct(rep.ttfts, 99) * 1000:.0f}",
+                f"{percentile(rep.ttfts, 50) * 1000:.0f}",
+                f"{percentile(rep.ttfts, 99) * 1000:.0f}",
                 f"{r.requests / rep.seconds:.1f}" if rep.seconds else "-",
                 f"{share:.2f} ({'/'.join(map(str, counts))})",
                 f"{r.cpu_seconds * 1000 / max(1, r.requests):.2f}",
                 str(rep.failures) + (f" {rep.errors}" if rep.errors else ""),
-                f"{pct(rep.lags, 99) * 1000:.0f}",
+                f"{percentile(rep.lags, 99) * 1000:.0f}",
             ]
         )
     head = [
