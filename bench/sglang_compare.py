@@ -33,6 +33,9 @@ the differences measured.
    child would be counted). CPU time is the figure least disturbed by other work on the
    machine; latency and throughput move with it.
 
+``--baseline DIR`` adds kvrouter kv-aware run from another source tree (for example an
+unpacked ``git archive`` of an older commit), to compare before and after in the same runs.
+
 The report opens with the summary over the runs: each router's CPU per request in every run
 and kvrouter's ratio to each peer's in the same run, and the TTFT each router adds at
 concurrency 1 (interleaved); then each run's tables.
@@ -53,6 +56,7 @@ each engine's share of requests (max / mean), the router's CPU per request and f
     python -m bench.sglang_compare [--overhead] [--quality]
         [--engines 1] [--requests 300] [--load-requests 2000] [--concurrency 32 256]
         [--max-tokens 32] [--pace 0] [--repeat 3] [--overhead-routers ROUTER ...]
+        [--baseline DIR]
         [--trace ../shared/data/conversation_trace.jsonl] [--limit 2000] [--speedup 6]
         [--engines-quality 4] [--kv-capacity-tokens 1000000] [--prefill-tokens-per-s 80000]
         [--decode-tokens-per-s 100] [--max-batch 16] [--max-output-tokens 64]
@@ -107,6 +111,8 @@ SMG_POLICIES = {"smg cache_aware": "cache_aware", "smg round_robin": "round_robi
 ROUTERS = (*KVROUTER_POLICIES, *SGLANG_POLICIES, *SMG_POLICIES)
 QUALITY_DEFAULT = ("kvrouter kv-aware", "kvrouter round-robin", "sglang cache_aware")
 OVERHEAD_DEFAULT = ("kvrouter kv-aware", "sglang cache_aware", "smg cache_aware")
+# kvrouter kv-aware from another source tree (--baseline): before and after, in one run.
+BASELINE = "kvrouter baseline"
 
 
 @dataclass(frozen=True)
@@ -178,17 +184,35 @@ def _wait_peer_workers(peer: Peer, proc: Proc, n: int) -> None:
     raise TimeoutError(f"{peer.label}: {n} healthy workers not listed ({last})\n{proc.log()}")
 
 
-def start_router(name: str, engines: Sequence[Proc], tmp: Path, policy_file: Path | None) -> Proc:
-    """Router ``name`` (one of ``ROUTERS``) in front of ``engines``."""
+def start_router(
+    name: str,
+    engines: Sequence[Proc],
+    tmp: Path,
+    policy_file: Path | None,
+    checkout: Path | None = None,
+) -> Proc:
+    """Router ``name`` (one of ``ROUTERS``, or ``BASELINE`` from ``checkout``) before
+    ``engines``."""
     urls = [e.url for e in engines]
     if name in SGLANG_POLICIES:
         return start_peer(SGLANG, urls, SGLANG_POLICIES[name], tmp)
     if name in SMG_POLICIES:
         return start_peer(SMG, urls, SMG_POLICIES[name], tmp)
-    policy = str(policy_file) if policy_file is not None else KVROUTER_POLICIES[name]
+    preset = "kv-aware" if name == BASELINE else KVROUTER_POLICIES[name]
+    policy = str(policy_file) if policy_file is not None else preset
     backends = [a for u in urls for a in ("--backend", u)]
     args = ["serve", "--host", LOOPBACK, *backends, "--policy", policy, "--log-level", "warning"]
-    return start_kvrouter(args, tmp, ready_path="/ready", timeout=STARTUP_TIMEOUT_S)
+    if name != BASELINE:
+        return start_kvrouter(args, tmp, ready_path="/ready", timeout=STARTUP_TIMEOUT_S)
+    assert checkout is not None, "the baseline runs from a checkout"
+    return start_kvrouter(
+        args,
+        tmp,
+        ready_path="/ready",
+        timeout=STARTUP_TIMEOUT_S,
+        cwd=checkout,
+        env={"PYTHONPATH": str(checkout)},
+    )
 
 
 def start_engines(n: int, flags: Sequence[str], tmp: Path, procs: list[Proc]) -> list[Proc]:
@@ -268,6 +292,11 @@ async def _overhead(
     return OverheadResult(mixed, alone, load)
 
 
+def overhead_paths(args: argparse.Namespace) -> list[str]:
+    """The routers measured: ``--overhead-routers``, then the baseline when one is given."""
+    return [*args.overhead_routers, *([BASELINE] if args.baseline else [])]
+
+
 def overhead_engine_flags(args: argparse.Namespace) -> list[str]:
     """engine-sim --fast, or with ``--pace``: tokens one decode step apart, no prefill time and
     no batch limit, so that every token is an HTTP chunk of its own, as real engines send."""
@@ -285,7 +314,7 @@ def engine_label(args: argparse.Namespace) -> str:
 
 def run_overhead(args: argparse.Namespace, tmp: Path) -> str:
     runs: list[OverheadResult] = []
-    names = list(args.overhead_routers)
+    names = overhead_paths(args)
     for n in range(args.repeat):
         order = names[n % len(names) :] + names[: n % len(names)]
         print(f"run {n + 1} of {args.repeat}: {', '.join(order)}", flush=True)
@@ -293,7 +322,7 @@ def run_overhead(args: argparse.Namespace, tmp: Path) -> str:
             engines = start_engines(args.engines, overhead_engine_flags(args), tmp, procs)
             routers: dict[str, Proc] = {}
             for name in order:
-                routers[name] = start_router(name, engines, tmp, None)
+                routers[name] = start_router(name, engines, tmp, None, args.baseline)
                 procs.append(routers[name])
             runs.append(asyncio.run(_overhead(args, engines, routers)))
     return overhead_report(args, runs)
@@ -343,10 +372,12 @@ def _cells(values: Sequence[float | None], fmt: str) -> str:
 def overhead_summary(args: argparse.Namespace, runs: Sequence[OverheadResult]) -> str:
     """Each router's CPU per request in every run, kvrouter's ratio to each peer in the same
     run, and the TTFT each router adds at concurrency 1."""
-    names = list(args.overhead_routers)
+    names = overhead_paths(args)
     ours = [n for n in names if n in KVROUTER_POLICIES]
-    peers = [n for n in names if n not in KVROUTER_POLICIES]
+    peers = [n for n in names if n not in KVROUTER_POLICIES and n != BASELINE]
     pairs = [(k, p) for k in ours for p in peers]
+    if args.baseline:
+        pairs += [(k, BASELINE) for k in ours]
     rows = []
     for c in args.concurrency:
         cpu = {n: [_cpu(r, c, n) for r in runs] for n in names}
@@ -714,6 +745,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=list(OVERHEAD_DEFAULT),
         metavar="ROUTER",
         help=f"routers measured (default: {', '.join(OVERHEAD_DEFAULT)})",
+    )
+    g.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help=f"also measure kvrouter kv-aware from this source tree (e.g. an unpacked git "
+        f"archive of an older commit), as {BASELINE!r}",
     )
     q = p.add_argument_group("quality")
     q.add_argument("--trace", type=Path, default=Path("../shared/data/conversation_trace.jsonl"))
