@@ -37,6 +37,7 @@ from tests.support import (
     metrics_text,
     running,
     start_kvrouter,
+    wait_http,
     wait_until,
 )
 
@@ -311,6 +312,7 @@ def test_wrong_secret_replica_refused_never_alive(fleet: Fleet) -> None:
     fleet.add("rogue", [*flags, "--gossip-node-id", "rogue"], env=env)
     rogue = fleet.start("rogue")
     try:
+        wait_http(f"{rogue.url}/ready")  # its engines probed healthy, not only listening
         body = chat("rogue prefix " + SYSTEM)
         http_json(f"{rogue.url}{CHAT}", body)  # the rogue routes, and tries to tell
         alive_seen: set[float] = set()
