@@ -3,7 +3,7 @@
 Every refusal and failure leaves the gateway in OpenAI's shape,
 ``{"error": {"message", "type", "param", "code"}}``, or, once a stream has started, as one
 OpenAI-style error event before the stream closes. Lower layers raise these classes; the
-upstream seam maps aiohttp's own exceptions into them where they happen
+upstream seam maps socket and HTTP framing failures into them where they happen
 (``router.gateway.upstream``); ``error_response`` and ``error_middleware`` below are the only code
 that renders them, and ``raw_response`` renders the few refusals made on a connection before
 aiohttp has a request to answer (``router.gateway.connections``). An unexpected exception is
