@@ -47,7 +47,14 @@ from router.gateway.errors import (
     Unauthorized,
     error_middleware,
 )
-from router.gateway.exchange import Exchange, Services, decide, keep_local, read_body
+from router.gateway.exchange import (
+    Exchange,
+    Services,
+    decide,
+    id_header,
+    keep_local,
+    read_body,
+)
 from router.gateway.flow import Admission
 from router.gateway.gossip_delegate import run_origin
 from router.gateway.inbound import PROMPT_FIELD, BodyParser
@@ -436,6 +443,7 @@ def build_app(gw: Gateway) -> web.Application:
     middlewares = [request_middleware, error_middleware(limit), auth_middleware(gw.api_keys)]
     app = web.Application(middlewares=middlewares, client_max_size=limit)
     app.on_response_prepare.append(no_banner)
+    app.on_response_prepare.append(id_header)
     app[GATEWAY] = gw
     if gw.replica is not None:
         # First in, last out: peers keep hearing this replica's load while it drains.

@@ -31,7 +31,11 @@ answers like vLLM (``vllm_dialect``: ``BadRequestError``, the HTTP status as the
         ├── UpstreamTimeout         504
         │   ├── FirstByteTimeout         no body byte within timeouts.first_byte_seconds
         │   └── IdleStreamTimeout        no byte within timeouts.idle_stream_seconds
-        └── UpstreamStatus          5xx  the engine answered 5xx; its own response is relayed
+        └── UpstreamStatus          502  the engine answered 5xx (its body stays in the log)
+
+Nothing internal reaches a client in an error: an engine's failure is answered with a generic
+message per kind (``UpstreamError.public``) and the request's id, which the log lines that carry
+the engine's address and the details also carry; an engine's own 5xx body is never relayed.
 """
 
 from __future__ import annotations
@@ -142,6 +146,8 @@ class UpstreamError(GatewayError):
     # Could the request itself have caused it (a 5xx, a timeout, a dropped answer)? Then one
     # failure says nothing of the engine's health until another engine answers the request.
     request_shaped = True
+    # What the client is told: no engine address, no OS error text.
+    public = "the engine failed to answer"
 
     def __init__(self, message: str, engine: str = "") -> None:
         super().__init__(message)
@@ -151,16 +157,19 @@ class UpstreamError(GatewayError):
 class UpstreamConnectError(UpstreamError):
     code = "upstream_unreachable"
     request_shaped = False  # no request reached the engine
+    public = "no engine could be reached"
 
 
 class UpstreamDropped(UpstreamError):
     code = "upstream_dropped"
+    public = "the engine's answer broke off"
 
 
 class UpstreamTimeout(UpstreamError):
     status = 504
     code = "upstream_timeout"
     label = "timeout"
+    public = "the engine did not answer in time"
 
 
 class FirstByteTimeout(UpstreamTimeout):
@@ -172,11 +181,11 @@ class IdleStreamTimeout(UpstreamTimeout):
 
 
 class UpstreamStatus(UpstreamError):
-    """The engine answered with a 5xx status; the client gets the engine's response."""
+    """The engine answered with a 5xx status: the client gets a 502, the log the details."""
 
     def __init__(self, engine: str, status: int, body: bytes, content_type: str) -> None:
         super().__init__(f"engine answered {status}", engine)
-        self.status = status
+        self.engine_status = status
         self.label = str(status)
         self.body = body
         self.content_type = content_type
@@ -229,16 +238,20 @@ def error_response(
     path: str = "",
     body_limit: int = 0,
     dialect: Dialect = openai_dialect,
+    request_id: str = "",
 ) -> web.Response:
-    """The HTTP response for ``exc`` (any exception; unexpected ones become a bare 500)."""
-    if isinstance(exc, UpstreamStatus):
-        ctype = {"Content-Type": exc.content_type}
-        return web.Response(status=exc.status, body=exc.body, headers=ctype)
+    """The HTTP response for ``exc`` (any exception; unexpected ones become a bare 500).
+
+    With ``request_id``, a server-side error's message names it (the log lines about the
+    request carry it too) and the response carries it as X-Request-Id.
+    """
     headers: dict[str, str] = {}
+    if request_id:
+        headers["X-Request-Id"] = request_id
     if isinstance(exc, GatewayError):
         status, message, type_, param, code = (
             exc.status,
-            exc.message,
+            exc.public if isinstance(exc, UpstreamError) else exc.message,
             exc.type,
             exc.param,
             exc.code,
@@ -256,6 +269,8 @@ def error_response(
             headers["Allow"] = exc.headers["Allow"]
     else:
         status, message, type_, param, code = 500, "internal error", "server_error", None, None
+    if request_id and status >= 500:
+        message = f"{message} (request {request_id})"
     headers["Content-Type"] = "application/json"
     body = _json_error(status, message, type_, param, code, dialect)
     return web.Response(status=status, body=body, headers=headers)
@@ -279,12 +294,17 @@ def raw_response(exc: GatewayError, dialect: Dialect = openai_dialect) -> bytes:
     return "\r\n".join([*head, "", ""]).encode("ascii") + body
 
 
-def stream_error(exc: BaseException, dialect: Dialect = openai_dialect) -> bytes:
+def stream_error(
+    exc: BaseException, dialect: Dialect = openai_dialect, request_id: str = ""
+) -> bytes:
     """The SSE error event that ends a stream that failed after its first byte."""
     if isinstance(exc, GatewayError):
-        status, message, type_, code = exc.status, exc.message, exc.type, exc.code
+        message = exc.public if isinstance(exc, UpstreamError) else exc.message
+        status, type_, code = exc.status, exc.type, exc.code
     else:
         status, message, type_, code = 500, "internal error", "server_error", None
+    if request_id:
+        message = f"{message} (request {request_id})"
     return sse.error_event(message, *dialect(status, type_, code))
 
 

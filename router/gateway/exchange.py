@@ -29,6 +29,8 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -154,6 +156,23 @@ class EventStream(web.StreamResponse):
     _send_headers_immediately = False
 
 
+# X-Request-Id: the client's own when it is a plain token, else a new one.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+REQUEST_ID = web.RequestKey("kvrouter.request_id", str)
+
+
+def request_id(given: str) -> str:
+    """The request's id: ``given`` when it is a short plain token, else a fresh random one."""
+    return given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(8)
+
+
+async def id_header(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: every answer to a generation request says its request id."""
+    rid = request.get(REQUEST_ID)
+    if rid is not None:
+        response.headers["X-Request-Id"] = rid
+
+
 class Exchange:
     """One client request, from its body to its last byte; the one owner of its life."""
 
@@ -167,6 +186,9 @@ class Exchange:
         # after this point is the client being done, not the client giving up.
         self.delivered = False
         self.retries = 0  # granted by the retry budget, given back when the exchange ends
+        # Names the request in client-facing errors and in every log line about it.
+        self.id = request_id(request.headers.get("X-Request-Id", ""))
+        request[REQUEST_ID] = self.id
 
     async def run(self) -> web.StreamResponse:
         """Serve the request; every failure becomes an OpenAI-shaped error response."""
@@ -181,8 +203,11 @@ class Exchange:
             raise
         except Exception as exc:
             if not isinstance(exc, GatewayError):
-                log.exception("unexpected error on %s %s", self.request.method, self.route)
-            err = error_response(exc)
+                log.exception("%s: unexpected error on %s", self.id, self.route)
+            elif isinstance(exc, UpstreamStatus):
+                body = exc.body[:500].decode("utf-8", "replace")
+                log.warning("%s: %s answered %d: %s", self.id, exc.engine, exc.engine_status, body)
+            err = error_response(exc, request_id=self.id)
             self.status = err.status
             return err
         finally:
@@ -219,7 +244,13 @@ class Exchange:
         if d.engine is None:
             raise NoEngine("no engine can take the request right now")
         s.metrics.overlap.observe(d.overlap_ratio)
-        headers = engine_headers(self.request.headers, self.request.remote)
+        # The engine sees the request's id too (vLLM takes X-Request-Id as its own).
+        headers = [
+            h
+            for h in engine_headers(self.request.headers, self.request.remote)
+            if h[0].lower() != "x-request-id"
+        ]
+        headers.append(("X-Request-Id", self.id))
         plan = d.plan()[: max(1, s.limits.max_attempts)]
         # Request-shaped failures (see UpstreamError.request_shaped) wait here for a verdict:
         # the engine's fault if another engine answers, the request's if another fails too.
@@ -251,14 +282,21 @@ class Exchange:
                     s.pool.report_failure(engine, e.message)
                 elif suspects:
                     log.warning(
-                        "%s: failed on %s (%s) and on %s (%s): the request's fault, not retried",
-                        self.route, suspects[0][0], suspects[0][1], engine, e,
+                        "%s %s: failed on %s (%s) and on %s (%s): the request's fault, not retried",
+                        self.id, self.route, suspects[0][0], suspects[0][1], engine, e,
                     )  # fmt: skip
                     raise
                 else:
                     suspects.append((engine, e))
                 if attempt == len(plan):
-                    log.warning("%s: attempt %d at %s failed: %s", self.route, attempt, engine, e)
+                    log.warning(
+                        "%s %s: attempt %d at %s failed: %s",
+                        self.id,
+                        self.route,
+                        attempt,
+                        engine,
+                        e,
+                    )
                     # Nobody else was asked: count it, and let the ejection floor protect the
                     # fleet from a request that would fail anywhere.
                     self._blame(suspects)
@@ -283,7 +321,7 @@ class Exchange:
             raise NoEngine("the gateway's retry budget is spent; try again shortly")
         self.retries += 1
         s.metrics.retries.inc()
-        log.info("%s: retrying on %s (attempt %d)", self.route, engine, attempt)
+        log.info("%s %s: retrying on %s (attempt %d)", self.id, self.route, engine, attempt)
         pause = s.limits.retry_backoff_seconds * 2 ** (attempt - 2)
         if pause > 0:
             await asyncio.sleep(random.uniform(0, pause))
@@ -415,16 +453,16 @@ class Exchange:
                         break
                     tail.feed(chunk)
             except UpstreamError as e:
-                log.warning("%s: stream from %s broke off: %s", self.route, engine, e)
+                log.warning("%s %s: stream from %s broke off: %s", self.id, self.route, engine, e)
                 m.engine_request(engine, e.label)
                 self.s.pool.report_failure(engine, e.message)
                 self.status = e.status
-                await out.write_eof(stream_error(e))
+                await out.write_eof(stream_error(e, request_id=self.id))
                 return out, False
         except ConnectionResetError:
             if self.delivered:
                 return out, False
-            log.debug("%s: client left during the stream from %s", self.route, engine)
+            log.debug("%s %s: client left during the stream from %s", self.id, self.route, engine)
             self.status = CLIENT_GONE
             return out, False
         if ttft:
@@ -438,10 +476,16 @@ class Exchange:
         try:
             extra = await self._next_chunk(resp, engine, deadline)
         except UpstreamError as e:
-            log.debug("%s: %s failed after [DONE]: %s", self.route, engine, e)
+            log.debug("%s %s: %s failed after [DONE]: %s", self.id, self.route, engine, e)
             return False
         if extra:
-            log.debug("%s: %s sent %d bytes after [DONE]; dropped", self.route, engine, len(extra))
+            log.debug(
+                "%s %s: %s sent %d bytes after [DONE]; dropped",
+                self.id,
+                self.route,
+                engine,
+                len(extra),
+            )
             return False
         return True
 

@@ -264,12 +264,32 @@ async def test_proxy_4xx_passed_through_not_retried(tmp_path: Path) -> None:
         assert await r.metric("kvrouter_retries_total") == 0
 
 
-async def test_proxy_every_attempt_5xx_last_engine_answer_relayed(tmp_path: Path) -> None:
+async def test_proxy_engine_5xx_body_stays_in_the_log_client_gets_request_id(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     async with rig(tmp_path) as r:
-        r.up.next(error_answer(503, "busy a"), error_answer(502, "busy b"))
-        status, body = await r.post(CHAT, chat())
-        assert status == 502 and body["error"]["message"] == "busy b"
+        internal = "<html>proxy 10.1.2.3 /srv/models/secret failed</html>"
+        r.up.next(error_answer(503, "busy a"), error_answer(502, internal))
+        async with r.client.post(CHAT, json=chat(), headers={"X-Request-Id": "req-42"}) as resp:
+            body = await resp.json()
+            assert resp.status == 502 and resp.headers["X-Request-Id"] == "req-42"
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+        message = body["error"]["message"]
+        assert "req-42" in message and "10.1.2.3" not in message and "engine-" not in message
         assert len(r.up.sent) == 2  # two candidates: nothing left to try
+        assert any("req-42" in m and "/srv/models/secret" in m for m in caplog.messages)
+        sent_ids = [dict(q.headers).get("X-Request-Id") for q in r.up.engines[A].requests]
+        sent_ids += [dict(q.headers).get("X-Request-Id") for q in r.up.engines[B].requests]
+        assert sent_ids == ["req-42", "req-42"]  # both attempts carried it
+
+
+async def test_proxy_request_id_made_when_missing_or_unsafe(tmp_path: Path) -> None:
+    async with rig(tmp_path) as r:
+        for given in (None, "has spaces and \u00e9", "x" * 65):
+            headers = {} if given is None else {"X-Request-Id": given}
+            async with r.client.post(CHAT, json=chat(), headers=headers) as resp:
+                rid = resp.headers["X-Request-Id"]
+                assert resp.status == 200 and rid != given and len(rid) == 16
 
 
 @pytest.mark.parametrize(
