@@ -182,6 +182,7 @@ class Gateway:
             config.timeouts,
             config.limits,
             self.admission,
+            config.forwarding,
             RetryBudget(BudgetRules(ratio=config.limits.retry_budget_percent / 100)),
             clock=clock,
             publish=self.replica.queue if self.replica is not None else keep_local,

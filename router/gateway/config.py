@@ -24,6 +24,7 @@ The file's shape is shared with the Helm chart, so its names are a contract::
              keepalive_timeout_seconds: 75, large_body_bytes: 1048576, max_large_body_parses: 1}
     admin_token_env: KVROUTER_ADMIN_TOKEN
     auth: {api_keys_file: "", api_keys_env: KVROUTER_API_KEYS}
+    forwarding: {client_credentials: false, trust_forwarding_headers: false}
     engine_metrics: {enabled: true, interval_seconds: 0.5, timeout_seconds: 0.25,
                      stale_after_intervals: 4,
                      names: {running: [...], waiting: [...], kv_usage: [...]}}
@@ -88,6 +89,7 @@ __all__ = [
     "EngineMetrics",
     "EngineSources",
     "FlowControl",
+    "Forwarding",
     "Gossip",
     "GossipTls",
     "Health",
@@ -178,6 +180,17 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class Forwarding:
+    """What of the client's headers reaches engines (router.gateway.relay.engine_headers)."""
+
+    # The client's Authorization and Cookie (its credentials for the gateway, not the engines).
+    client_credentials: bool = False
+    # The client's Forwarded, X-Real-IP and X-Forwarded-* headers: true only behind a proxy
+    # that sets them itself, since any client can write them.
+    trust_forwarding_headers: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Auth:
     """Client API keys (router.gateway.auth); none configured: the OpenAI routes are open."""
 
@@ -230,6 +243,7 @@ class Config:
     engine_metrics: EngineMetrics = field(default_factory=EngineMetrics)
     flow_control: FlowControl = field(default_factory=FlowControl)
     auth: Auth = field(default_factory=Auth)
+    forwarding: Forwarding = field(default_factory=Forwarding)
 
 
 def _listen(f: ConfigFields | None) -> Listen:
@@ -299,6 +313,14 @@ def _limits(f: ConfigFields | None) -> Limits:
     return out
 
 
+def _forwarding(f: ConfigFields | None) -> Forwarding:
+    if f is None:
+        return Forwarding()
+    out = Forwarding(f.flag("client_credentials", False), f.flag("trust_forwarding_headers", False))
+    f.done()
+    return out
+
+
 def _auth(f: ConfigFields | None) -> Auth:
     if f is None:
         return Auth()
@@ -348,6 +370,7 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
         engine_metrics=engine_metrics(f.sub("engine_metrics")),
         flow_control=_flow_control(f.sub("flow_control")),
         auth=_auth(f.sub("auth")),
+        forwarding=_forwarding(f.sub("forwarding")),
     )
     f.done()
     return cfg

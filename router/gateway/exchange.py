@@ -41,7 +41,7 @@ from router.core.decision import Decision, Lease, RoutingCore, TokenPrompt
 from router.core.index import Delta
 from router.core.retry_budget import RetryBudget
 from router.gateway.auth import KEY_NAME
-from router.gateway.config import Limits, Timeouts
+from router.gateway.config import Forwarding, Limits, Timeouts
 from router.gateway.deadline import Deadline
 from router.gateway.engines import EnginePool
 from router.gateway.errors import (
@@ -91,6 +91,7 @@ class Services:
     timeouts: Timeouts
     limits: Limits
     admission: Admission
+    forwarding: Forwarding = field(default_factory=Forwarding)
     retry_budget: RetryBudget = field(default_factory=RetryBudget)
     clock: Callable[[], float] = time.monotonic
     # Where recorded deltas go (the gossip queue when replicas are configured).
@@ -247,7 +248,12 @@ class Exchange:
         # The engine sees the request's id too (vLLM takes X-Request-Id as its own).
         headers = [
             h
-            for h in engine_headers(self.request.headers, self.request.remote)
+            for h in engine_headers(
+                self.request.headers,
+                self.request.remote,
+                pass_credentials=s.forwarding.client_credentials,
+                trust_forwarding=s.forwarding.trust_forwarding_headers,
+            )
             if h[0].lower() != "x-request-id"
         ]
         headers.append(("X-Request-Id", self.id))

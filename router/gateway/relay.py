@@ -44,6 +44,10 @@ USAGE_TAIL_BYTES = 16 * 1024
 
 # X-Forwarded-For is dropped as it comes and appended again, with the client's address.
 _DROPPED_TO_ENGINE = _NOT_TO_ENGINE | {"x-forwarded-for"}
+# The client's credentials for the gateway are not the engines' business (engines get their
+# own); a client can write any forwarding header it likes, so by default none is believed.
+CLIENT_CREDENTIALS = frozenset({"authorization", "cookie"})
+CLIENT_FORWARDING = frozenset({"forwarded", "x-real-ip", "x-forwarded-host", "x-forwarded-proto"})
 _NONE: frozenset[str] = frozenset()
 
 
@@ -58,12 +62,29 @@ def _connection_named(headers: MultiMapping[str]) -> frozenset[str]:
     )
 
 
-def engine_headers(headers: MultiMapping[str], peer: str | None) -> list[tuple[str, str]]:
-    """The client's headers as the engine gets them: no hop-by-hop, X-Forwarded-For appended."""
+def engine_headers(
+    headers: MultiMapping[str],
+    peer: str | None,
+    *,
+    pass_credentials: bool = False,
+    trust_forwarding: bool = False,
+) -> list[tuple[str, str]]:
+    """The client's headers as the engine gets them: no hop-by-hop, X-Forwarded-For appended.
+
+    Unless asked, the client's ``Authorization`` and ``Cookie`` stay here, and its forwarding
+    headers (``Forwarded``, ``X-Real-IP``, ``X-Forwarded-*``) are dropped, X-Forwarded-For
+    then naming only the peer: behind a trusted proxy, ``trust_forwarding`` keeps the chain.
+    """
     named = _connection_named(headers)
     drop = _DROPPED_TO_ENGINE | named if named else _DROPPED_TO_ENGINE
+    if not pass_credentials:
+        drop = drop | CLIENT_CREDENTIALS
+    if not trust_forwarding:
+        drop = drop | CLIENT_FORWARDING
     out = [(k, v) for k, v in headers.items() if k.lower() not in drop]
-    chain = ", ".join(headers.getall("X-Forwarded-For")) if "X-Forwarded-For" in headers else ""
+    chain = ""
+    if trust_forwarding and "X-Forwarded-For" in headers:
+        chain = ", ".join(headers.getall("X-Forwarded-For"))
     if peer:
         chain = f"{chain}, {peer}" if chain else peer
     if chain:

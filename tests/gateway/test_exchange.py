@@ -29,7 +29,7 @@ from router.core.retry_budget import BudgetRules
 from router.gateway import exchange as exchange_module
 from router.gateway import sse
 from router.gateway.app import Gateway, build_app
-from router.gateway.config import Config, DnsEngines, EngineSources, Limits, Timeouts
+from router.gateway.config import Config, DnsEngines, EngineSources, Forwarding, Limits, Timeouts
 from router.gateway.config import Health as HealthConfig
 from router.gateway.deadline import Deadline
 from tests.fakes import (
@@ -162,8 +162,12 @@ async def test_proxy_nonstream_sends_original_bytes_relays_answer(tmp_path: Path
         assert sent[0].path == CHAT
 
 
-async def test_proxy_headers_hop_by_hop_dropped_auth_passed_xff_appended(tmp_path: Path) -> None:
-    async with rig(tmp_path) as r:
+@pytest.mark.parametrize("trusted", [False, True], ids=["default", "forwarding-configured"])
+async def test_proxy_headers_hop_by_hop_dropped_client_auth_per_config_xff_appended(
+    tmp_path: Path, trusted: bool
+) -> None:
+    forwarding = Forwarding(client_credentials=trusted, trust_forwarding_headers=trusted)
+    async with rig(tmp_path, forwarding=forwarding) as r:
         headers = {
             "Authorization": "Bearer client-key",
             "Connection": "keep-alive, X-Secret-Hop",
@@ -179,9 +183,13 @@ async def test_proxy_headers_hop_by_hop_dropped_auth_passed_xff_appended(tmp_pat
         assert status == 200
         (q,) = [q for e in r.up.engines.values() for q in e.requests]
         sent = {k.lower(): v for k, v in q.headers}
-        assert sent["authorization"] == "Bearer client-key"
+        if trusted:
+            assert sent["authorization"] == "Bearer client-key"
+            assert sent["x-forwarded-for"] == "203.0.113.7, 127.0.0.1"
+        else:
+            assert "authorization" not in sent  # the client's key for the gateway stays here
+            assert sent["x-forwarded-for"] == "127.0.0.1"  # what the client wrote is not believed
         assert sent["x-request-id"] == "abc"
-        assert sent["x-forwarded-for"] == "203.0.113.7, 127.0.0.1"
         assert sent["accept-encoding"] == "identity"
         for hop in ("connection", "x-secret-hop", "keep-alive", "proxy-authorization", "te"):
             assert hop not in sent

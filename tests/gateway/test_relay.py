@@ -102,10 +102,39 @@ def test_engine_headers_no_forwarded_for_without_peer_or_chain() -> None:
     assert got == {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 
 
-def test_engine_headers_forwarded_for_chain_joined() -> None:
+def test_engine_headers_forwarded_for_chain_joined_behind_a_trusted_proxy() -> None:
     h = CIMultiDict([("X-Forwarded-For", "1.1.1.1"), ("X-Forwarded-For", "2.2.2.2")])
-    got = dict(engine_headers(h, "10.0.0.9"))
+    got = dict(engine_headers(h, "10.0.0.9", trust_forwarding=True))
     assert got["X-Forwarded-For"] == "1.1.1.1, 2.2.2.2, 10.0.0.9"
+
+
+CLIENT = CIMultiDict(
+    [
+        ("Authorization", "Bearer sk-client"),
+        ("Cookie", "session=1"),
+        ("X-Forwarded-For", "6.6.6.6"),
+        ("X-Real-IP", "6.6.6.6"),
+        ("Forwarded", "for=6.6.6.6"),
+        ("X-Forwarded-Host", "evil"),
+        ("Content-Type", "application/json"),
+    ]
+)
+
+
+def test_engine_headers_default_strips_client_credentials_and_spoofable_forwarding() -> None:
+    got = dict(engine_headers(CLIENT, "10.0.0.9"))
+    assert got == {
+        "Content-Type": "application/json",
+        "X-Forwarded-For": "10.0.0.9",  # the peer the gateway saw, nothing the client wrote
+        "Accept-Encoding": "identity",
+    }
+
+
+def test_engine_headers_configured_to_pass_them() -> None:
+    got = dict(engine_headers(CLIENT, "10.0.0.9", pass_credentials=True, trust_forwarding=True))
+    assert got["Authorization"] == "Bearer sk-client" and got["Cookie"] == "session=1"
+    assert got["X-Real-IP"] == "6.6.6.6" and got["Forwarded"] == "for=6.6.6.6"
+    assert got["X-Forwarded-For"] == "6.6.6.6, 10.0.0.9"
 
 
 def test_client_headers_drop_hop_by_hop_and_length() -> None:
