@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import orjson
+
+from router.gateway.relay import usage_counts
+from router.gateway.sse import Decoder
 
 CHAT = "/v1/chat/completions"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -177,3 +181,37 @@ async def closed_loop(
         failures=failures,
         ttfts=ttfts,
     )
+
+
+@dataclass(slots=True)
+class Streamed:
+    """A streamed completion as the client read it."""
+
+    status: int
+    first: float | None = None  # seconds from sending to the first event
+    done: bool = False  # the stream ended with [DONE]
+    usage: tuple[int, int] | None = None  # (prompt tokens, cached tokens) of its usage event
+
+
+async def read_stream(http: aiohttp.ClientSession, url: str, data: bytes) -> Streamed:
+    """POST ``data`` (a streamed request's JSON) to ``url`` and read the answer to its end.
+
+    Raises ``aiohttp.ClientError`` or ``TimeoutError`` as aiohttp does.
+    """
+    t0 = time.perf_counter()
+    decoder = Decoder()
+    async with http.post(url, data=data, headers={"Content-Type": "application/json"}) as r:
+        out = Streamed(r.status)
+        if r.status != 200:
+            await r.read()
+            return out
+        async for chunk in r.content.iter_any():
+            for ev in decoder.feed(chunk):
+                if ev.done:
+                    out.done = True
+                    continue
+                if out.first is None:
+                    out.first = time.perf_counter() - t0
+                if '"usage"' in ev.data:
+                    out.usage = usage_counts(orjson.loads(ev.data).get("usage"))
+    return out

@@ -52,9 +52,9 @@ from typing import Any
 import aiohttp
 import orjson
 
+from bench.common import read_stream
 from router.core.stats import percentile
 from router.core.workload import from_mooncake
-from router.gateway.sse import Decoder
 from router.presets import preset_text
 from tests.support import LOOPBACK, Proc, free_port, http_json, metric, running, start_kvrouter
 from tests.support import wait_until as wait
@@ -137,38 +137,16 @@ def plan(
 
 async def send(http: aiohttp.ClientSession, url: str, body: bytes, side: Side) -> None:
     """One streamed request: its TTFT and its usage go to ``side``; a failure is counted."""
-    t0 = time.perf_counter()
-    first: float | None = None
-    done = False
-    prompt = cached = 0
-    decoder = Decoder()
     try:
-        async with http.post(
-            url + COMPLETIONS, data=body, headers={"Content-Type": "application/json"}
-        ) as r:
-            if r.status != 200:
-                await r.read()
-                side.failed += 1
-                return
-            async for chunk in r.content.iter_any():
-                for ev in decoder.feed(chunk):
-                    if ev.done:
-                        done = True
-                        continue
-                    if first is None:
-                        first = time.perf_counter() - t0
-                    if '"usage"' in ev.data:
-                        usage = orjson.loads(ev.data).get("usage") or {}
-                        prompt = int(usage.get("prompt_tokens") or 0)
-                        details = usage.get("prompt_tokens_details") or {}
-                        cached = int(details.get("cached_tokens") or 0)
+        got = await read_stream(http, url + COMPLETIONS, body)
     except (TimeoutError, aiohttp.ClientError):
         side.failed += 1
         return
-    if not done or first is None:
+    if not got.done or got.first is None:
         side.failed += 1
         return
-    side.ttfts.append(first)
+    side.ttfts.append(got.first)
+    prompt, cached = got.usage or (0, 0)
     side.prompt_tokens += prompt
     side.cached_tokens += cached
 

@@ -91,11 +91,11 @@ from bench.common import (
     chat_body,
     closed_loop,
     interleaved,
+    read_stream,
     tree_cpu_seconds,
 )
 from router.core.stats import percentile
 from router.core.workload import TraceRequest, from_mooncake
-from router.gateway.sse import Decoder
 from router.presets import preset_text
 from tests.support import LOOPBACK, Proc, free_port, running, start_kvrouter
 
@@ -528,37 +528,21 @@ async def _send(
     http: aiohttp.ClientSession, url: str, req: TraceRequest, max_output: int, out: Replay
 ) -> None:
     data = replay_body(req, max_output)
-    t0 = time.perf_counter()
-    first: float | None = None
-    done = False
-    decoder = Decoder()
     try:
-        async with http.post(
-            url + COMPLETIONS, data=data, headers={"Content-Type": "application/json"}
-        ) as r:
-            if r.status != 200:
-                out.fail(f"HTTP {r.status}")
-                await r.read()
-                return
-            async for chunk in r.content.iter_any():
-                for ev in decoder.feed(chunk):
-                    if ev.done:
-                        done = True
-                        continue
-                    if first is None:
-                        first = time.perf_counter() - t0
-                    if '"usage"' in ev.data:
-                        usage = orjson.loads(ev.data).get("usage") or {}
-                        out.prompt_tokens += usage.get("prompt_tokens", 0)
-                        details = usage.get("prompt_tokens_details") or {}
-                        out.cached_tokens += details.get("cached_tokens", 0)
+        got = await read_stream(http, url + COMPLETIONS, data)
     except (TimeoutError, aiohttp.ClientError) as e:
         out.fail(type(e).__name__)
         return
-    if not done or first is None:
+    if got.status != 200:
+        out.fail(f"HTTP {got.status}")
+        return
+    if not got.done or got.first is None:
         out.fail("stream cut short")
         return
-    out.ttfts.append(first)
+    prompt, cached = got.usage or (0, 0)
+    out.prompt_tokens += prompt
+    out.cached_tokens += cached
+    out.ttfts.append(got.first)
 
 
 async def replay(
