@@ -245,18 +245,13 @@ class Exchange:
         if d.engine is None:
             raise NoEngine("no engine can take the request right now")
         s.metrics.overlap.observe(d.overlap_ratio)
-        # The engine sees the request's id too (vLLM takes X-Request-Id as its own).
-        headers = [
-            h
-            for h in engine_headers(
-                self.request.headers,
-                self.request.remote,
-                pass_credentials=s.forwarding.client_credentials,
-                trust_forwarding=s.forwarding.trust_forwarding_headers,
-            )
-            if h[0].lower() != "x-request-id"
-        ]
-        headers.append(("X-Request-Id", self.id))
+        headers = engine_headers(
+            self.request.headers,
+            self.request.remote,
+            request_id=self.id,
+            pass_credentials=s.forwarding.client_credentials,
+            trust_forwarding=s.forwarding.trust_forwarding_headers,
+        )
         plan = d.plan()[: max(1, s.limits.max_attempts)]
         # Request-shaped failures (see UpstreamError.request_shaped) wait here for a verdict:
         # the engine's fault if another engine answers, the request's if another fails too.

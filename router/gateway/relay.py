@@ -34,20 +34,39 @@ HOP_BY_HOP = frozenset(
 # Also not sent to engines: the engine's own Host, a length aiohttp recomputes, the
 # client's encodings (engines answer uncompressed so the gateway can read ``usage``), and the
 # body's encoding, which aiohttp has already decoded (a gzip body is forwarded plain).
-_NOT_TO_ENGINE = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "expect"}
-_NOT_TO_ENGINE |= {"content-encoding"}
+_NOT_TO_ENGINE = HOP_BY_HOP | {
+    "host",
+    "content-length",
+    "accept-encoding",
+    "expect",
+    "content-encoding",
+}
 _NOT_TO_CLIENT = HOP_BY_HOP | {"content-length", "date", "server"}
 
 # Bytes kept from the end of a stream to find its final usage event in.
 USAGE_TAIL_BYTES = 16 * 1024
 
 
-# X-Forwarded-For is dropped as it comes and appended again, with the client's address.
+# X-Forwarded-For is dropped as it comes and appended again, with the client's address; an
+# X-Request-Id is replaced by the request's own id when the gateway gives one.
 _DROPPED_TO_ENGINE = _NOT_TO_ENGINE | {"x-forwarded-for"}
 # The client's credentials for the gateway are not the engines' business (engines get their
 # own); a client can write any forwarding header it likes, so by default none is believed.
 CLIENT_CREDENTIALS = frozenset({"authorization", "cookie"})
 CLIENT_FORWARDING = frozenset({"forwarded", "x-real-ip", "x-forwarded-host", "x-forwarded-proto"})
+# The dropped set for each (pass_credentials, trust_forwarding, replace_request_id), built once:
+# no set is made per request on the common path.
+_DROP: dict[tuple[bool, bool, bool], frozenset[str]] = {
+    (creds, trust, rid): frozenset(
+        _DROPPED_TO_ENGINE
+        | (frozenset() if creds else CLIENT_CREDENTIALS)
+        | (frozenset() if trust else CLIENT_FORWARDING)
+        | ({"x-request-id"} if rid else frozenset())
+    )
+    for creds in (False, True)
+    for trust in (False, True)
+    for rid in (False, True)
+}
 _NONE: frozenset[str] = frozenset()
 
 
@@ -66,6 +85,7 @@ def engine_headers(
     headers: MultiMapping[str],
     peer: str | None,
     *,
+    request_id: str = "",
     pass_credentials: bool = False,
     trust_forwarding: bool = False,
 ) -> list[tuple[str, str]]:
@@ -74,14 +94,15 @@ def engine_headers(
     Unless asked, the client's ``Authorization`` and ``Cookie`` stay here, and its forwarding
     headers (``Forwarded``, ``X-Real-IP``, ``X-Forwarded-*``) are dropped, X-Forwarded-For
     then naming only the peer: behind a trusted proxy, ``trust_forwarding`` keeps the chain.
+    With ``request_id``, the engine gets it as X-Request-Id (vLLM takes it as its own).
     """
     named = _connection_named(headers)
-    drop = _DROPPED_TO_ENGINE | named if named else _DROPPED_TO_ENGINE
-    if not pass_credentials:
-        drop = drop | CLIENT_CREDENTIALS
-    if not trust_forwarding:
-        drop = drop | CLIENT_FORWARDING
+    drop = _DROP[pass_credentials, trust_forwarding, bool(request_id)]
+    if named:
+        drop = drop | named
     out = [(k, v) for k, v in headers.items() if k.lower() not in drop]
+    if request_id:
+        out.append(("X-Request-Id", request_id))
     chain = ""
     if trust_forwarding and "X-Forwarded-For" in headers:
         chain = ", ".join(headers.getall("X-Forwarded-For"))
