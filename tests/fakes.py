@@ -173,20 +173,18 @@ class FakeUpstream:
         self.responses.append(resp)
         return resp
 
-    async def fetch(self, url: str, seconds: float) -> tuple[int, bytes]:
-        base = next((b for b in self.engines if url.startswith(b)), None)
-        if base is None:
-            raise UpstreamConnectError(f"cannot connect to {url} (fake)")
-        engine = self.engines[base]
-        if engine.down:
-            raise UpstreamTimeout(f"GET {url} timed out after {seconds:g}s (fake)")
-        path = url[len(base) :]
+    async def fetch(self, engine: str, path: str, seconds: float) -> tuple[int, bytes]:
+        fake = self.engines.get(engine)
+        if fake is None:
+            raise UpstreamConnectError(f"cannot connect to {engine} (fake)")
+        if fake.down:
+            raise UpstreamTimeout(f"GET {engine}{path} timed out after {seconds:g}s (fake)")
         if path == "/v1/models":
-            cards = [{"id": m, "object": "model", "owned_by": "fake"} for m in engine.models]
+            cards = [{"id": m, "object": "model", "owned_by": "fake"} for m in fake.models]
             return 200, orjson.dumps({"object": "list", "data": cards})
         if path == "/metrics":
-            return engine.metrics
-        return engine.health_status, b""
+            return fake.metrics
+        return fake.health_status, b""
 
     async def close(self) -> None:
         self.closed = True

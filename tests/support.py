@@ -68,15 +68,21 @@ class Proc:
         return int(self.popen.returncode)
 
 
-def wait_http(url: str, timeout: float = 30.0, proc: Proc | None = None) -> None:
-    """Poll ``url`` until it answers 200 (bounded by ``timeout``)."""
+def wait_http(
+    url: str,
+    timeout: float = 30.0,
+    proc: Proc | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> None:
+    """Poll ``url`` (with ``headers``) until it answers 200 (bounded by ``timeout``)."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
         if proc is not None and not proc.alive():
             raise RuntimeError(f"process exited early:\n{proc.log()}")
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
+            req = urllib.request.Request(url, headers={**(headers or {})})
+            with urllib.request.urlopen(req, timeout=2) as r:
                 if r.status == 200:
                     return
         except urllib.error.HTTPError as e:
@@ -100,6 +106,7 @@ def start_kvrouter(
     command: Sequence[str] = CHECKOUT_KVROUTER,
     cwd: Path = ROOT,
     base_env: Mapping[str, str] | None = None,
+    ready_headers: Mapping[str, str] | None = None,
 ) -> Proc:
     """Start ``kvrouter ARGS --port PORT`` and wait until ``ready_path`` answers 200.
 
@@ -114,7 +121,7 @@ def start_kvrouter(
         popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd)
     proc = Proc(popen, port, log_path)
     try:
-        wait_http(f"{proc.url}{ready_path}", timeout, proc)
+        wait_http(f"{proc.url}{ready_path}", timeout, proc, ready_headers)
     except BaseException:
         proc.stop(signal.SIGKILL)
         raise
@@ -139,6 +146,16 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> N
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def status_of(url: str) -> int:
+    """The HTTP status ``GET url`` answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        e.close()
+        return int(e.code)
 
 
 def http_json(url: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:

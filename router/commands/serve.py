@@ -56,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a DNS name whose every address is an engine (re-resolved periodically)",
     )
     add(
+        "--engine-api-key-env",
+        metavar="NAME",
+        help="environment variable holding the API key every engine is sent (engines started "
+        "with --api-key); the config file can give one per engine",
+    )
+    add(
         "--policy",
         metavar="FILE|PRESET",
         help=f"routing policy file or preset ({', '.join(NAMES)}; default {DEFAULT})",
@@ -153,6 +159,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         cfg,
         engines=args.engines,
         engine_dns=args.engine_dns,
+        engine_api_key_env=args.engine_api_key_env,
         policy=args.policy,
         host=args.host,
         port=args.port,

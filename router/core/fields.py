@@ -206,17 +206,23 @@ class Fields:
                 self.fail(f"{self.at(key)}[{i}]", f"must be a string, got {show(x)}")
         return list(v)
 
-    def sub(self, key: str) -> Self | None:
-        v = self._get(key)
-        return None if v is None else type(self)(v, self.at(key), self.where)
-
-    def items(self, key: str) -> list[Self]:
+    def values(self, key: str) -> list[Any]:
+        """A list of anything, checked by the caller (empty when absent)."""
         v = self._get(key)
         if v is None:
             return []
         if not isinstance(v, list):
             self.fail(self.at(key), f"must be a list, got {show(v)}")
-        return [type(self)(x, f"{self.at(key)}[{i}]", self.where) for i, x in enumerate(v)]
+        return list(v)
+
+    def sub(self, key: str) -> Self | None:
+        v = self._get(key)
+        return None if v is None else type(self)(v, self.at(key), self.where)
+
+    def items(self, key: str) -> list[Self]:
+        """A list of mappings (empty when absent)."""
+        where = self.at(key)
+        return [type(self)(x, f"{where}[{i}]", self.where) for i, x in enumerate(self.values(key))]
 
     def done(self) -> None:
         # YAML keys need not be strings (1: x, null: y): order and name them as text.

@@ -16,10 +16,12 @@ Stream headers go out at once (as vLLM's do); the first token is sent at the sch
 first-token time and the rest one decode step apart; ``--fast`` drops every delay. Refusals
 and failures are rendered by the gateway's error middleware in vLLM's dialect.
 
-Test hook, fault injection for the gateway's tests (unauthenticated: never expose engine-sim to
-untrusted clients). A fault applies to the next ``count`` (default 1) generation requests
-(chat, completions, embeddings), taken when a request arrives, before its body is read; setting
-a fault replaces the pending one.
+``--api-key KEY`` puts every route (test hooks included) behind ``Authorization: Bearer KEY``.
+
+Test hook, fault injection for the gateway's tests (unauthenticated unless ``--api-key``: never
+expose engine-sim to untrusted clients). A fault applies to the next ``count`` (default 1)
+generation requests (chat, completions, embeddings), taken when a request arrives, before its
+body is read; setting a fault replaces the pending one.
 
     POST /fault {"mode": "status", "status": 503, "count": N}
         answer ``status`` (400-599) in OpenAI's error shape, before any other byte
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -47,6 +50,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from router import hostport
@@ -307,12 +311,26 @@ async def fault(request: web.Request) -> web.Response:
     return _json({"fault": engine.fault.described() if engine.fault else None})
 
 
+def _key_required(key: str) -> Middleware:
+    """401 unless the request carries ``Authorization: Bearer key`` (vLLM's answer)."""
+    expected = f"Bearer {key}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given, expected):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return check
+
+
 def build_app(settings: SimSettings) -> web.Application:
     """The engine as an aiohttp application (serve it with ``serving`` or an AppRunner)."""
-    app = web.Application(
-        middlewares=[error_middleware(MAX_BODY_BYTES, vllm_dialect)],
-        client_max_size=MAX_BODY_BYTES,
-    )
+    middlewares = [error_middleware(MAX_BODY_BYTES, vllm_dialect)]
+    if settings.api_key:
+        middlewares.insert(0, _key_required(settings.api_key))
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     engine = Engine(settings)
     app[ENGINE] = engine
     app[REGISTRY] = registry_for(engine)

@@ -41,7 +41,9 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
             hashes=args.kv_events_hashes,
             host=args.host,
         )
-    return SimSettings(model=args.model, spec=spec, fast=args.fast, events=events)
+    return SimSettings(
+        model=args.model, spec=spec, fast=args.fast, events=events, api_key=args.api_key
+    )
 
 
 def _positive(kind: Callable[[str], int | float]) -> Callable[[str], Any]:
@@ -112,6 +114,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests decoded at once (default: %(default)s)",
     )
     add("--fast", action="store_true", help="no delays; the cache and stats still work")
+    add(
+        "--api-key",
+        default="",
+        metavar="KEY",
+        help="answer 401 to any request without 'Authorization: Bearer KEY', on every route "
+        "(vLLM's --api-key guards /v1 only; guarding all shows a router sends it everywhere)",
+    )
     ev = parser.add_argument_group(
         "KV cache events", "Publish the prefix cache's stores and evictions as vLLM does (ZMQ)."
     )

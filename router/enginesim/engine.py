@@ -37,6 +37,8 @@ class SimSettings:
     fast: bool = False
     # Publish KV cache events (router.enginesim.kv_publisher); None: no events.
     events: EventSettings | None = None
+    # Every route wants ``Authorization: Bearer api_key`` (empty: none does).
+    api_key: str = ""
 
 
 @dataclass(slots=True)

@@ -39,6 +39,7 @@ from router.core.retry_budget import BudgetRules, RetryBudget
 from router.gateway.auth import auth_middleware, load_keys
 from router.gateway.config import Config
 from router.gateway.connections import Connections, no_banner, request_middleware
+from router.gateway.engine_keys import EngineKeys
 from router.gateway.engine_metrics import EngineMetricsScraper
 from router.gateway.engines import EnginePool, Resolver, resolve_dns
 from router.gateway.errors import (
@@ -104,7 +105,11 @@ class Gateway:
             origin = run_origin(gossip.node_id)
         # Raises PolicyError: the gateway does not start on a policy it cannot read.
         self.core = RoutingCore(self.watcher.load_initial(), origin)
-        self.upstream: Upstream = upstream or HttpUpstream(config.timeouts.connect_seconds)
+        # Raises ConfigError: the gateway does not start without the engine keys it names.
+        keys = EngineKeys(config.engines, environ)
+        self.upstream: Upstream = upstream or HttpUpstream(
+            config.timeouts.connect_seconds, authorization=keys
+        )
         # Peers by membership state, for kvrouter_gossip_peers; gossip replaces it.
         self.gossip_peers: Callable[[], Mapping[str, int]] = lambda: {"alive": 0}
         # The other kvrouter_gossip_* series; gossip replaces it.

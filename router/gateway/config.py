@@ -6,10 +6,11 @@ The file's shape is shared with the Helm chart, so its names are a contract::
     policy: /etc/kvrouter/policy/policy.yaml     # a file, or a preset name
     policy_reload: {enabled: true, interval_seconds: 2}
     engines:                                     # or ``backends``, the released spelling
-      static: [http://vllm-0.vllm:8000]
+      static: [http://vllm-0.vllm:8000]       # or {url: URL, api_key_env: NAME} entries
       dns: {name: vllm-headless.default.svc.cluster.local, port: 8000, scheme: http,
-            interval_seconds: 10}
+            interval_seconds: 10, api_key_env: ""}
       models_refresh_seconds: 30
+      api_key_env: ""                          # the variable holding the engines' API key
       kv_events: {port: 0, replay_port: 0, topic: "", tokenizer: engine,
                   tokenize_timeout_seconds: 0.5, bridge_seconds: 5,
                   medium_weights: {gpu: 1.0, cpu: 0.5, disk: 0.25},
@@ -392,6 +393,7 @@ def with_overrides(
     *,
     engines: list[str] | None = None,
     engine_dns: str | None = None,
+    engine_api_key_env: str | None = None,
     policy: str | None = None,
     host: str | None = None,
     port: int | None = None,
@@ -419,6 +421,8 @@ def with_overrides(
             raise ConfigError(f"--engine-dns: {e}") from None
         old = b.dns or DnsEngines(name)
         b = dataclasses.replace(b, dns=dataclasses.replace(old, name=name, port=dport))
+    if engine_api_key_env:
+        b = dataclasses.replace(b, api_key_env=engine_api_key_env)
     listen = cfg.listen
     if host is not None:
         listen = dataclasses.replace(listen, host=host)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from router import hostport
-from router.core.fields import ConfigFields
+from router.core.fields import ConfigFields, show
 
 SCHEMES = ("http", "https")
 
@@ -28,6 +28,8 @@ class DnsEngines:
     port: int = 8000
     scheme: str = "http"
     interval_seconds: float = 10.0
+    # The variable holding these engines' API key; empty: the section's ``api_key_env``.
+    api_key_env: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,10 @@ class EngineSources:
     dns: DnsEngines | None = None
     models_refresh_seconds: float = 30.0
     kv_events: KvEvents = field(default_factory=KvEvents)
+    # Environment variables holding the API keys engines are sent (router.gateway.engine_keys):
+    # this one for every engine without its own, and per static URL.
+    api_key_env: str = ""
+    static_key_envs: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,11 +210,22 @@ def engine_sources(f: ConfigFields | None) -> EngineSources:
     if f is None:
         return EngineSources()
     static: list[str] = []
-    for i, text in enumerate(f.texts("static")):
+    key_envs: dict[str, str] = {}
+    for i, entry in enumerate(f.values("static")):
+        where = f"{f.at('static')}[{i}]"
+        text, key_env = entry, ""
+        if isinstance(entry, Mapping):  # {url: URL, api_key_env: NAME}
+            e = ConfigFields(entry, where, f.where)
+            text, key_env = e.text("url", "", required=True), e.text("api_key_env", "")
+            e.done()
+        elif not isinstance(entry, str):
+            f.fail(where, f"must be a URL or {{url: URL, api_key_env: NAME}}, got {show(entry)}")
         try:
             static.append(engine_url(text))
-        except ValueError as e:
-            f.fail(f"{f.at('static')}[{i}]", str(e))
+        except ValueError as err:
+            f.fail(where, str(err))
+        if key_env:
+            key_envs[static[-1]] = key_env
     dns: DnsEngines | None = None
     d = f.sub("dns")
     if d is not None:
@@ -218,6 +235,7 @@ def engine_sources(f: ConfigFields | None) -> EngineSources:
             port=d.integer("port", 8000, 1, 65535),
             scheme=d.choice("scheme", "http", SCHEMES),
             interval_seconds=d.seconds("interval_seconds", 10.0, 0.1),
+            api_key_env=d.text("api_key_env", ""),
         )
         d.done()
         if not name:
@@ -227,6 +245,8 @@ def engine_sources(f: ConfigFields | None) -> EngineSources:
         dns,
         f.seconds("models_refresh_seconds", 30.0, 0.1),
         _kv_events(f.sub("kv_events")),
+        api_key_env=f.text("api_key_env", ""),
+        static_key_envs=key_envs,
     )
     f.done()
     return out

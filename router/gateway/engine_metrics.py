@@ -136,7 +136,7 @@ class EngineMetricsScraper:
         """Scrape one engine; hand its report to the sink, or count why there is none."""
         at = self._clock()
         try:
-            status, body = await self._upstream.fetch(url + PATH, self.cfg.timeout_seconds)
+            status, body = await self._upstream.fetch(url, PATH, self.cfg.timeout_seconds)
         except UpstreamError as e:
             self._failed(url, "error", e.message)
             return None

@@ -279,7 +279,7 @@ class EnginePool:
         url = b.url
         try:
             status, _ = await self._upstream.fetch(
-                url + self.health_cfg.path, self.health_cfg.timeout_seconds
+                url, self.health_cfg.path, self.health_cfg.timeout_seconds
             )
         except UpstreamError as e:
             self.report_failure(url, e.message, probe=True)
@@ -295,7 +295,9 @@ class EnginePool:
         """Fetch one engine's model list; keep the old one when that fails."""
         url = b.url + "/v1/models"
         try:
-            status, body = await self._upstream.fetch(url, self.health_cfg.timeout_seconds)
+            status, body = await self._upstream.fetch(
+                b.url, "/v1/models", self.health_cfg.timeout_seconds
+            )
             if status != 200:
                 raise ValueError(f"status {status}")
             models = parse_models(body)

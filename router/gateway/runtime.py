@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from router.core.fields import ConfigError
 from router.core.policy import PolicyError
 from router.gateway.app import Gateway, build_app
 from router.gateway.config import Config
@@ -116,7 +117,7 @@ def run_gateway(cfg: Config, gossip: GossipConfig | None, *, reuse_port: bool = 
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(serve(cfg, gossip, reuse_port=reuse_port))
-    except PolicyError as e:
+    except (PolicyError, ConfigError) as e:  # a policy, or keys the config names, unreadable
         print(f"kvrouter serve: {e}", file=sys.stderr)
         return 2
     except OSError as e:

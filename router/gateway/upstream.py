@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 from urllib.parse import urlsplit
@@ -97,8 +97,9 @@ class Upstream(Protocol):
         end) arrived; raises ``UpstreamError``."""
         ...
 
-    async def fetch(self, url: str, seconds: float) -> tuple[int, bytes]:
-        """GET ``url`` (a probe or a model list) within ``seconds``; raises ``UpstreamError``."""
+    async def fetch(self, engine: str, path: str, seconds: float) -> tuple[int, bytes]:
+        """GET ``path`` of ``engine`` (a probe, a model list, its metrics) within ``seconds``;
+        raises ``UpstreamError``."""
         ...
 
     async def close(self) -> None:
@@ -124,9 +125,10 @@ class _Target:
     tls: bool
     authority: str  # the Host header
     base_path: str  # prefixed to every request path
+    authorization: str | None  # the engine's own key, replacing any the request carries
 
     @staticmethod
-    def of(engine: str) -> _Target:
+    def of(engine: str, authorization: str | None = None) -> _Target:
         u = urlsplit(engine)
         try:
             port = u.port
@@ -136,7 +138,8 @@ class _Target:
         if u.scheme not in ("http", "https") or not u.hostname:
             raise UpstreamConnectError(f"cannot connect to {engine}: not an http(s) URL", engine)
         tls = u.scheme == "https"
-        return _Target(u.hostname, port or (443 if tls else 80), tls, u.netloc, u.path.rstrip("/"))
+        port = port or (443 if tls else 80)
+        return _Target(u.hostname, port, tls, u.netloc, u.path.rstrip("/"), authorization)
 
 
 class _Connection(asyncio.Protocol):
@@ -390,9 +393,16 @@ class _Pool:
 class HttpUpstream:
     """``Upstream`` over this module's HTTP/1.1 client with pooled keep-alive connections."""
 
-    def __init__(self, connect_seconds: float, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        connect_seconds: float,
+        tls: ssl.SSLContext | None = None,
+        authorization: Callable[[str], str | None] = lambda _engine: None,
+    ) -> None:
         self._connect_seconds = connect_seconds
         self._tls = tls
+        # An engine's own API key (router.gateway.engine_keys), on every call to it.
+        self._authorization = authorization
         self._targets: dict[str, _Target] = {}
         self._addresses: dict[tuple[str, int], tuple[float, Sequence[AddrInfoType]]] = {}
         self._pool: _Pool | None = None
@@ -403,17 +413,21 @@ class HttpUpstream:
         if t is None:
             if len(self._targets) > 4096:  # engines come and go with discovery: stay bounded
                 self._targets.clear()
-            t = self._targets[engine] = _Target.of(engine)
+            t = self._targets[engine] = _Target.of(engine, self._authorization(engine))
         return t
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         target = self._target(request.engine)
+        headers = request.headers
+        if target.authorization is not None:
+            headers = [h for h in headers if h[0].lower() != "authorization"]
+            headers.append(("Authorization", target.authorization))
         try:
             data = request_bytes(
                 request.method,
                 target.base_path + request.path,
                 target.authority,
-                request.headers,
+                headers,
                 request.body,
             )
         except ValueError as e:
@@ -427,15 +441,12 @@ class HttpUpstream:
             raise
         return _Response(conn, parser)
 
-    async def fetch(self, url: str, seconds: float) -> tuple[int, bytes]:
-        u = urlsplit(url)
-        engine = f"{u.scheme}://{u.netloc}"
-        path = u.path + (f"?{u.query}" if u.query else "")
+    async def fetch(self, engine: str, path: str, seconds: float) -> tuple[int, bytes]:
         headers = (("Accept-Encoding", "identity"),)
         resp: UpstreamResponse | None = None
         try:
             async with asyncio.timeout(seconds):
-                resp = await self.send(UpstreamRequest(engine, path or "/", headers, b"", "GET"))
+                resp = await self.send(UpstreamRequest(engine, path, headers, b"", "GET"))
                 parts: list[bytes] = []
                 size = 0
                 while size < MAX_FETCH_BYTES and (chunk := await resp.read_chunk()):
@@ -443,7 +454,9 @@ class HttpUpstream:
                     size += len(chunk)
                 return resp.status, b"".join(parts)[:MAX_FETCH_BYTES]
         except TimeoutError:
-            raise UpstreamTimeout(f"GET {url} timed out after {seconds:g}s", url) from None
+            raise UpstreamTimeout(
+                f"GET {engine}{path} timed out after {seconds:g}s", engine
+            ) from None
         finally:
             if resp is not None:
                 if resp.finished():

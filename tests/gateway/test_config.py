@@ -91,10 +91,14 @@ def test_config_empty_dns_name_means_no_dns() -> None:
     [
         ("listen: {hots: x}", "c.yaml: listen.hots: unknown field"),
         ("listen: {port: 'eighty'}", "c.yaml: listen.port: must be an integer from 0 to 65535"),
-        ("backends: {static: http://a}", "c.yaml: backends.static: must be a list of strings"),
+        ("backends: {static: http://a}", "c.yaml: backends.static: must be a list, got"),
         ("backends: {static: [ftp://a]}", "c.yaml: backends.static[0]: must start with http://"),
         ("backends: {static: ['http://a?x=1']}", "backends.static[0]: must not carry a query"),
-        ("backends: {static: [3]}", "c.yaml: backends.static[0]: must be a string, got 3"),
+        ("backends: {static: [3]}", "c.yaml: backends.static[0]: must be a URL or {url: URL"),
+        ("engines: {static: [{api_key_env: K}]}", "c.yaml: engines.static[0].url: is required"),
+        ("engines: {static: [{url: http://a, key: x}]}", "engines.static[0].key: unknown field"),
+        ("engines: {static: [{url: 'ftp://a'}]}", "engines.static[0]: must start with http"),
+        ("engines: {dns: {name: a, api_key_env: [K]}}", "engines.dns.api_key_env: must be a str"),
         ("backends: {dns: {name: a, scheme: udp}}", "backends.dns.scheme: must be one of http"),
         ("health: {path: health}", "c.yaml: health.path: must start with '/'"),
         (

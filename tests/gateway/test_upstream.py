@@ -340,7 +340,7 @@ def test_upstream_stream_relay_pooled_nodelay_connection(
                 assert data.endswith(b"data: [DONE]\n\n")
                 assert resp.finished()
                 resp.release()
-            status, raw = await up.fetch(url + "/v1/models", 2)
+            status, raw = await up.fetch(url, "/v1/models", 2)
             assert status == 200 and b"sim-model" in raw
             # Keep-alive: three requests and a fetch, one connection, TCP_NODELAY on it.
             assert len(recorded_sockets) == 1
@@ -357,7 +357,7 @@ def test_upstream_connection_refused_connect_error(run: Callable[[Awaitable[None
             with pytest.raises(UpstreamConnectError, match="cannot connect"):
                 await up.send(request(url))
             with pytest.raises(UpstreamConnectError):
-                await up.fetch(url + "/health", 1)
+                await up.fetch(url, "/health", 1)
 
     run(scenario())
 
@@ -383,7 +383,7 @@ def test_upstream_fetch_no_answer_times_out(run: Callable[[Awaitable[None]], Non
             url = f"http://{LOOPBACK}:{silent.getsockname()[1]}"
             async with upstream() as up:
                 with pytest.raises(UpstreamTimeout, match=r"timed out after 0\.1s"):
-                    await up.fetch(url + "/health", 0.1)
+                    await up.fetch(url, "/health", 0.1)
 
     run(scenario())
 
@@ -391,7 +391,7 @@ def test_upstream_fetch_no_answer_times_out(run: Callable[[Awaitable[None]], Non
 def test_upstream_fetch_health(run: Callable[[Awaitable[None]], None]) -> None:
     async def scenario() -> None:
         async with serving(FAST) as url, upstream() as up:
-            assert (await up.fetch(url + "/health", 2))[0] == 200
+            assert (await up.fetch(url, "/health", 2))[0] == 200
 
     run(scenario())
 
@@ -614,13 +614,13 @@ def test_upstream_https_engine_verified(
         port = free_port()
         await web.TCPSite(runner, LOOPBACK, port, ssl_context=server_ctx).start()
         try:
-            url = f"https://localhost:{port}/health"
+            url = f"https://localhost:{port}"
             async with upstream() as up:  # the system's CAs: the test certificate is refused
                 with pytest.raises(UpstreamConnectError):
-                    await up.fetch(url, 2)
+                    await up.fetch(url, "/health", 2)
             trusting = ssl.create_default_context(cafile=str(cert))
             async with upstream(tls=trusting) as up:
-                assert await up.fetch(url, 2) == (200, b"over tls")
+                assert await up.fetch(url, "/health", 2) == (200, b"over tls")
         finally:
             await runner.cleanup()
 
