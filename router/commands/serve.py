@@ -3,7 +3,7 @@
 Configuration comes from an optional YAML file (``--config``, see ``router.gateway.config``) and
 flags; a flag replaces the file's value. It listens on 0.0.0.0:8000 by default (what a server in a
 pod needs; pass ``--host 127.0.0.1`` to keep it on this machine). SIGTERM and SIGINT stop it
-gracefully (``/ready`` turns 503, in-flight requests get ``SHUTDOWN_GRACE_S`` to finish);
+gracefully (``/ready`` turns 503, in-flight requests get ``drain.grace_seconds`` to finish);
 SIGHUP reloads the policy file at once.
 
 Several replicas behind one Service route as one with gossip (``router.gateway.replicas``):
@@ -68,6 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--host", help=f"address to listen on (default {DEFAULT_HOST}: every interface)")
     add("--port", type=int, help=f"TCP port to listen on (default {DEFAULT_PORT})")
+    add(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve /metrics on this port only, not on the API port (default: the API port)",
+    )
     add(
         "--workers",
         type=int,
@@ -163,6 +169,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         policy=args.policy,
         host=args.host,
         port=args.port,
+        metrics_port=args.metrics_port,
         gossip_port=args.gossip_port,
         gossip_peers=args.gossip_peer,
         gossip_dns=args.gossip_dns,

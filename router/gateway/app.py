@@ -39,6 +39,7 @@ from router.core.retry_budget import BudgetRules, RetryBudget
 from router.gateway.auth import auth_middleware, load_keys
 from router.gateway.config import Config
 from router.gateway.connections import Connections, no_banner, request_middleware
+from router.gateway.drain import Drain
 from router.gateway.engine_keys import EngineKeys
 from router.gateway.engine_metrics import EngineMetricsScraper
 from router.gateway.engines import EnginePool, Resolver, resolve_dns
@@ -91,7 +92,8 @@ class Gateway:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.draining = False
+        # In-flight exchanges, and the stop's grace period (router.gateway.drain).
+        self.drain = Drain()
         self.watcher = PolicyWatcher(
             policy_path,
             self._set_policy,
@@ -193,6 +195,7 @@ class Gateway:
             publish=self.replica.queue if self.replica is not None else keep_local,
             bodies=self.bodies,
             tokenize=self.tokenizer,
+            drain=self.drain,
         )
 
     def _healthy(self) -> Mapping[str, bool]:
@@ -258,7 +261,7 @@ class Gateway:
 
     def ready(self) -> tuple[bool, str]:
         """Readiness and why: a policy is loaded and at least one engine is healthy."""
-        if self.draining:
+        if self.drain.started:
             return False, "shutting down"
         if not self.pool.ready():
             return False, "no healthy engine yet"
@@ -450,6 +453,7 @@ def build_app(gw: Gateway) -> web.Application:
     app = web.Application(middlewares=middlewares, client_max_size=limit)
     app.on_response_prepare.append(no_banner)
     app.on_response_prepare.append(id_header)
+    app.on_response_prepare.append(_closing)
     app[GATEWAY] = gw
     if gw.replica is not None:
         # First in, last out: peers keep hearing this replica's load while it drains.
@@ -469,9 +473,27 @@ def build_app(gw: Gateway) -> web.Application:
             web.get("/v1/models", models),
             web.get("/health", health),
             web.get("/ready", ready),
-            web.get("/metrics", metrics),
             web.post("/debug/route", _admin(debug_route)),
             web.get("/debug/backends", _admin(debug_backends)),
         ]
     )
+    if not gw.config.listen.metrics_port:
+        app.add_routes([web.get("/metrics", metrics)])
+    return app
+
+
+async def _closing(request: web.Request, response: web.StreamResponse) -> None:
+    """While the gateway stops, every answer closes its connection: the client reconnects
+    to another replica instead of sending its next request here."""
+    if request.app[GATEWAY].drain.started:
+        response.force_close()
+        response.headers["Connection"] = "close"  # the head is built before this hook runs
+
+
+def build_metrics_app(gw: Gateway) -> web.Application:
+    """``/metrics`` alone, for ``listen.metrics_port``; ``gw`` runs in ``build_app``'s app."""
+    app = web.Application(middlewares=[request_middleware, error_middleware(0)])
+    app.on_response_prepare.append(no_banner)
+    app[GATEWAY] = gw
+    app.add_routes([web.get("/metrics", metrics)])
     return app

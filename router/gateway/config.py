@@ -2,7 +2,7 @@
 
 The file's shape is shared with the Helm chart, so its names are a contract::
 
-    listen: {host: 0.0.0.0, port: 8000}
+    listen: {host: 0.0.0.0, port: 8000, metrics_port: 0}   # 0: /metrics on the API port
     policy: /etc/kvrouter/policy/policy.yaml     # a file, or a preset name
     policy_reload: {enabled: true, interval_seconds: 2}
     engines:                                     # or ``backends``, the released spelling
@@ -26,6 +26,7 @@ The file's shape is shared with the Helm chart, so its names are a contract::
     admin_token_env: KVROUTER_ADMIN_TOKEN
     auth: {api_keys_file: "", api_keys_env: KVROUTER_API_KEYS}
     forwarding: {client_credentials: false, trust_forwarding_headers: false}
+    drain: {grace_seconds: 10}
     engine_metrics: {enabled: true, interval_seconds: 0.5, timeout_seconds: 0.25,
                      stale_after_intervals: 4,
                      names: {running: [...], waiting: [...], kv_usage: [...]}}
@@ -123,6 +124,9 @@ DEFAULT_PORT = 8000
 class Listen:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
+    # /metrics on a port of its own (0: on the API port): the series name every engine, which
+    # clients of the API port need not see, and scrapers need no access to the API.
+    metrics_port: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +182,14 @@ class Limits:
     # parse costs several times the body's size (router.gateway.inbound).
     large_body_bytes: int = 1024 * 1024
     max_large_body_parses: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Stopping (router.gateway.drain): requests in flight get this long, then are cut."""
+
+    # Below the pod's terminationGracePeriodSeconds, so the cut happens before the SIGKILL.
+    grace_seconds: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,12 +257,17 @@ class Config:
     flow_control: FlowControl = field(default_factory=FlowControl)
     auth: Auth = field(default_factory=Auth)
     forwarding: Forwarding = field(default_factory=Forwarding)
+    drain: Drain = field(default_factory=Drain)
 
 
 def _listen(f: ConfigFields | None) -> Listen:
     if f is None:
         return Listen()
-    out = Listen(f.text("host", DEFAULT_HOST), f.integer("port", DEFAULT_PORT, 0, 65535))
+    out = Listen(
+        f.text("host", DEFAULT_HOST),
+        f.integer("port", DEFAULT_PORT, 0, 65535),
+        f.integer("metrics_port", 0, 0, 65535),
+    )
     f.done()
     return out
 
@@ -322,6 +339,14 @@ def _forwarding(f: ConfigFields | None) -> Forwarding:
     return out
 
 
+def _drain(f: ConfigFields | None) -> Drain:
+    if f is None:
+        return Drain()
+    out = Drain(f.seconds("grace_seconds", 10.0, 0.0))
+    f.done()
+    return out
+
+
 def _auth(f: ConfigFields | None) -> Auth:
     if f is None:
         return Auth()
@@ -372,6 +397,7 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
         flow_control=_flow_control(f.sub("flow_control")),
         auth=_auth(f.sub("auth")),
         forwarding=_forwarding(f.sub("forwarding")),
+        drain=_drain(f.sub("drain")),
     )
     f.done()
     return cfg
@@ -397,6 +423,7 @@ def with_overrides(
     policy: str | None = None,
     host: str | None = None,
     port: int | None = None,
+    metrics_port: int | None = None,
     gossip_port: int | None = None,
     gossip_peers: list[str] | None = None,
     gossip_dns: str | None = None,
@@ -428,6 +455,8 @@ def with_overrides(
         listen = dataclasses.replace(listen, host=host)
     if port is not None:
         listen = dataclasses.replace(listen, port=port)
+    if metrics_port is not None:
+        listen = dataclasses.replace(listen, metrics_port=metrics_port)
     gossip = gossip_overrides(
         cfg.gossip,
         port=gossip_port,
@@ -451,6 +480,8 @@ def check_ready_to_serve(cfg: Config) -> None:
         )
     if not cfg.listen.host:
         raise ConfigError("listen.host: must not be empty")
+    if cfg.listen.metrics_port and cfg.listen.metrics_port == cfg.listen.port:
+        raise ConfigError("listen.metrics_port: must differ from the API port (0: share it)")
 
 
 def with_kv_events(

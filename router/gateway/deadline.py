@@ -27,6 +27,7 @@ class Deadline:
         "_task",
         "_waiting",
         "at",
+        "was_cut",
     )
 
     def __init__(self, shortest: float) -> None:
@@ -40,12 +41,13 @@ class Deadline:
         self._handle_at = 0.0
         self._waiting = False
         self._cancelled = False  # this deadline cancelled the task
+        self.was_cut = False  # the gateway is stopping: every wait ends at once
         self.at = 0.0
 
     def start(self, seconds: float) -> None:
         """A wait begins that may last ``seconds``; call ``stop`` when it ends."""
         now = self._loop.time()
-        self.at = at = now + seconds
+        self.at = at = now if self.was_cut else now + seconds
         self._waiting = True
         if self._handle is not None:
             if self._handle_at <= at:
@@ -64,6 +66,13 @@ class Deadline:
             return False
         self._cancelled = False
         return self._task.uncancel() <= self._cancelling
+
+    def cut(self) -> None:
+        """End the wait in progress now, and any later one at once (``expired`` says so)."""
+        self.was_cut = True
+        if self._waiting and not self._cancelled:
+            self._cancelled = True
+            self._task.cancel()
 
     def close(self) -> None:
         if self._handle is not None:

@@ -124,6 +124,13 @@ class TooBusy(GatewayError):
         self.retry_after = retry_after
 
 
+class ShuttingDown(GatewayError):
+    """The gateway's grace period ended with this request unanswered (router.gateway.drain)."""
+
+    status = 503
+    code = "server_shutting_down"
+
+
 class TooManyConnections(GatewayError):
     status = 503
     code = "too_many_connections"
@@ -256,7 +263,7 @@ def error_response(
             exc.param,
             exc.code,
         )
-        if isinstance(exc, NoEngine):
+        if isinstance(exc, NoEngine | ShuttingDown):
             headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         elif isinstance(exc, TooBusy):
             headers["Retry-After"] = str(exc.retry_after)

@@ -43,6 +43,7 @@ from router.core.retry_budget import RetryBudget
 from router.gateway.auth import KEY_NAME
 from router.gateway.config import Forwarding, Limits, Timeouts
 from router.gateway.deadline import Deadline
+from router.gateway.drain import Drain
 from router.gateway.engines import EnginePool
 from router.gateway.errors import (
     BodyTimeout,
@@ -52,6 +53,7 @@ from router.gateway.errors import (
     IdleStreamTimeout,
     NoEngine,
     ResponseTooLarge,
+    ShuttingDown,
     UpstreamError,
     UpstreamStatus,
     error_response,
@@ -101,6 +103,8 @@ class Services:
     # The request's token ids from the engines' tokenizer (router.gateway.tokenize), for
     # engines whose KV events the index holds; None: route on the text keys alone.
     tokenize: Callable[[Inbound], Awaitable[TokenPrompt | None]] | None = None
+    # Exchanges in flight, and the cut at the end of a stop's grace period.
+    drain: Drain = field(default_factory=Drain)
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -133,6 +137,12 @@ def decide(
     )
     cands = s.pool.candidates(inbound.model)
     return core.decide(inbound.text, cands, s.clock(), session, tokenized=tokenized)
+
+
+def _stopping(deadline: Deadline) -> None:
+    """Raise ``ShuttingDown`` when the gateway's stop, not the engine, ended the wait."""
+    if deadline.was_cut:
+        raise ShuttingDown("the gateway is shutting down; retry the request") from None
 
 
 def ends_stream(chunk: bytes, at_event: bool) -> bool:
@@ -195,7 +205,8 @@ class Exchange:
         """Serve the request; every failure becomes an OpenAI-shaped error response."""
         m = self.s.metrics
         try:
-            resp = await self._serve()
+            with self.s.drain.exchange():
+                resp = await self._serve()
             self.status = self.status or resp.status
             return resp
         except asyncio.CancelledError:
@@ -342,6 +353,7 @@ class Exchange:
         resp: UpstreamResponse | None = None
         finished = False  # the body was read to its end: the connection can be reused
         deadline = Deadline(min(first_byte, s.timeouts.idle_stream_seconds))
+        s.drain.watch(deadline)
         try:
             deadline.start(first_byte)
             try:
@@ -351,6 +363,7 @@ class Exchange:
                 first = await resp.read_chunk()
             except asyncio.CancelledError:
                 if deadline.expired():
+                    _stopping(deadline)
                     msg = f"{engine} sent no response within {first_byte:g}s"
                     raise FirstByteTimeout(msg, engine) from None
                 raise
@@ -375,6 +388,7 @@ class Exchange:
             return web.Response(status=resp.status, body=body, headers=client_headers(resp.headers))
         finally:
             deadline.close()
+            s.drain.forget(deadline)
             if resp is not None:
                 if finished:
                     resp.release()
@@ -412,6 +426,7 @@ class Exchange:
             return await resp.read_chunk()
         except asyncio.CancelledError:
             if deadline.expired():
+                _stopping(deadline)
                 raise IdleStreamTimeout(f"{engine} sent nothing for {idle:g}s", engine) from None
             raise
         finally:
@@ -457,6 +472,10 @@ class Exchange:
                 log.warning("%s %s: stream from %s broke off: %s", self.id, self.route, engine, e)
                 m.engine_request(engine, e.label)
                 self.s.pool.report_failure(engine, e.message)
+                self.status = e.status
+                await out.write_eof(stream_error(e, request_id=self.id))
+                return out, False
+            except ShuttingDown as e:
                 self.status = e.status
                 await out.write_eof(stream_error(e, request_id=self.id))
                 return out, False

@@ -3,7 +3,8 @@
 ``run_gateway`` is what ``kvrouter serve`` runs, and what each ``--workers`` process runs
 (``router.gateway.workers``): an event loop (uvloop where installed), the aiohttp runner with
 handler cancellation (a client that leaves cancels its engine request), SIGTERM/SIGINT for a
-graceful stop (``/ready`` turns 503, in-flight requests get ``SHUTDOWN_GRACE_S``), SIGHUP for
+graceful stop (router.gateway.drain: ``/ready`` turns 503, no new connections, in-flight
+requests get ``drain.grace_seconds`` and are then cut with a clean error), SIGHUP for
 an immediate policy reload, and exit codes: 2 for a policy that does not load, 1 for a port
 or gossip listener that cannot be had.
 
@@ -19,15 +20,17 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from router.core.fields import ConfigError
 from router.core.policy import PolicyError
-from router.gateway.app import Gateway, build_app
+from router.gateway.app import Gateway, build_app, build_metrics_app
 from router.gateway.config import Config
-from router.gateway.connections import fit_open_files
+from router.gateway.connections import Connections, fit_open_files
+from router.gateway.drain import CUT_SECONDS
 from router.gateway.eventloop import loop_factory
 from router.presets import resolve
 
@@ -36,7 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_GRACE_S = 10.0
 # Connections the kernel queues before the gateway accepts them (aiohttp's TCPSite default).
 LISTEN_BACKLOG = 128
 
@@ -60,9 +62,9 @@ async def serve(
     gw = Gateway(cfg, resolve(cfg.policy), gossip=gossip)
     fit_open_files(cfg.limits.max_connections)
     # A disconnecting client must cancel its handler, so the engine's request is cancelled too.
-    runner = web.AppRunner(
-        build_app(gw), handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S
-    )
+    # The drain owns the grace period; what the runner finds still running after it had
+    # its cut and the moment to write its last bytes.
+    runner = web.AppRunner(build_app(gw), handler_cancellation=True, shutdown_timeout=CUT_SECONDS)
     try:
         await runner.setup()
     except BaseException:
@@ -74,6 +76,8 @@ async def serve(
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, gw.watcher.request)
     listener: asyncio.Server | None = None
+    scrapes = web.AppRunner(build_metrics_app(gw), access_log=None)
+    scrapes_listener: asyncio.Server | None = None
     try:
         assert runner.server is not None  # set up above
         listener = await loop.create_server(
@@ -83,24 +87,41 @@ async def serve(
             reuse_port=reuse_port or None,
             backlog=LISTEN_BACKLOG,
         )
+        if cfg.listen.metrics_port:
+            await scrapes.setup()
+            assert scrapes.server is not None
+            # Its own connection limits: a flood of scrapes takes no client's place.
+            scrapes_listener = await loop.create_server(
+                Connections(cfg.limits).factory(scrapes.server, access_log=None),
+                cfg.listen.host,
+                cfg.listen.metrics_port,
+                reuse_port=reuse_port or None,
+            )
         log.info(
-            "listening on %s:%d; policy %s from %s; %d static engine(s)%s",
+            "listening on %s:%d%s; policy %s from %s; %d static engine(s)%s",
             cfg.listen.host,
             cfg.listen.port,
+            f" (/metrics on {cfg.listen.metrics_port})" if cfg.listen.metrics_port else "",
             gw.core.policy.name,
             gw.watcher.path,
             len(cfg.engines.static),
             f", DNS {cfg.engines.dns.name}:{cfg.engines.dns.port}" if cfg.engines.dns else "",
         )
         await stop.wait()
-        log.info("stopping: draining in-flight requests for up to %gs", SHUTDOWN_GRACE_S)
-        gw.draining = True
+        grace = cfg.drain.grace_seconds
+        log.info("stopping: %d request(s) in flight get up to %gs", gw.drain.in_flight, grace)
+        listener.close()  # no new connections; open ones are closed after their answer
+        await gw.drain.run(grace, time.monotonic)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         if listener is not None:
             listener.close()  # no new connections; the runner drains the open ones
         await runner.cleanup()
+        # Last: the drain stays visible to scrapers.
+        if scrapes_listener is not None:
+            scrapes_listener.close()
+        await scrapes.cleanup()
 
 
 def setup_logging(level: str, tag: str = "") -> None:

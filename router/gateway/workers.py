@@ -54,8 +54,9 @@ log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-# After the first worker exits, how long the others get to drain before they are killed.
-STOP_GRACE_S = 20.0
+# After the first worker exits, the others get their drain's grace and this margin (the cut,
+# the cleanup) before they are killed.
+STOP_MARGIN_S = 5.0
 # How often the supervisor looks at its workers even when no sentinel woke it.
 POLL_S = 0.5
 
@@ -210,7 +211,7 @@ def supervise(cfg: Config, n: int, level: str) -> int:
                             first.exitcode,
                         )
                     forward(signal.SIGTERM, None)
-                    deadline = time.monotonic() + STOP_GRACE_S
+                    deadline = time.monotonic() + cfg.drain.grace_seconds + STOP_MARGIN_S
             alive = [p for p in procs if p.exitcode is None]
             if not alive:
                 break
