@@ -102,6 +102,18 @@ class HeaderTimeout(RequestError):
     code = "request_header_timeout"
 
 
+class EngineRefused(RequestError):
+    """An engine refused the request (a 4xx) with a body that is no JSON error: its status
+    reaches the client in OpenAI's shape, the body (an HTML page from a proxy, a path) only
+    the log."""
+
+    code = "upstream_refused"
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the engine refused the request with status {status}")
+        self.status = status
+
+
 class BodyTooLarge(RequestError):
     status = 413
     code = "request_too_large"

@@ -35,6 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import orjson
 from aiohttp import web
 
 from router.core.decision import Decision, Lease, RoutingCore, TokenPrompt
@@ -48,6 +49,7 @@ from router.gateway.engines import EnginePool
 from router.gateway.errors import (
     BodyTimeout,
     BodyTooLarge,
+    EngineRefused,
     FirstByteTimeout,
     GatewayError,
     IdleStreamTimeout,
@@ -137,6 +139,14 @@ def decide(
     )
     cands = s.pool.candidates(inbound.model)
     return core.decide(inbound.text, cands, s.clock(), session, tokenized=tokenized)
+
+
+def _json_object(body: bytes) -> bool:
+    """True when ``body`` is a JSON object (an engine's error in a shape clients parse)."""
+    try:
+        return isinstance(orjson.loads(body), dict)
+    except orjson.JSONDecodeError:
+        return False
 
 
 def _stopping(deadline: Deadline) -> None:
@@ -383,6 +393,10 @@ class Exchange:
             body = await self._read_rest(resp, engine, first, MAX_RESPONSE_BYTES, deadline)
             finished = True
             self._answered(engine, resp.status)
+            if resp.status >= 400 and not _json_object(body):
+                snippet = body[:200].decode("utf-8", "replace")
+                log.warning("%s: %s refused with %d: %r", self.id, engine, resp.status, snippet)
+                raise EngineRefused(resp.status)
             if resp.status == 200 and self.route in GENERATION_ROUTES:
                 self._count_usage(body_usage(body))
             return web.Response(status=resp.status, body=body, headers=client_headers(resp.headers))

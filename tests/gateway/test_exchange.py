@@ -272,6 +272,29 @@ async def test_proxy_4xx_passed_through_not_retried(tmp_path: Path) -> None:
         assert await r.metric("kvrouter_retries_total") == 0
 
 
+@pytest.mark.parametrize(
+    ("status", "ctype", "body"),
+    [
+        (404, "text/html", b"<html>nginx: /srv/models/secret not found</html>"),
+        (401, "application/json", b'"Unauthorized"'),  # JSON, but no error object
+        (413, "text/plain", b""),
+    ],
+)
+async def test_proxy_non_json_engine_4xx_wrapped_in_openai_shape_body_only_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, status: int, ctype: str, body: bytes
+) -> None:
+    async with rig(tmp_path) as r:
+        r.up.next(Script(status=status, headers={"Content-Type": ctype}, chunks=[body]))
+        async with r.client.post(CHAT, json=chat(), headers={"X-Request-Id": "req-7"}) as resp:
+            got = await resp.json()  # JSON whatever the engine sent
+            assert resp.status == status and resp.content_type == "application/json"
+        assert got["error"]["code"] == "upstream_refused"
+        assert set(got["error"]) == {"message", "type", "param", "code"}
+        assert "secret" not in got["error"]["message"] and "127.0.0.1" not in str(got)
+        assert len(r.up.sent) == 1  # a refusal is not retried
+        assert any("req-7" in m and str(status) in m for m in caplog.messages)
+
+
 async def test_proxy_engine_5xx_body_stays_in_the_log_client_gets_request_id(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -112,6 +113,6 @@ async def test_stop_cuts_what_outlives_the_grace_period_with_clean_errors(
         assert "cutting 2 request(s) still in flight" in log and "Traceback" not in log
 
 
-async def _post(http: aiohttp.ClientSession, url: str, body: object) -> tuple[int, object]:
+async def _post(http: aiohttp.ClientSession, url: str, body: object) -> tuple[int, Any]:
     async with http.post(url, json=body) as r:
         return r.status, await r.json()
