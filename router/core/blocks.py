@@ -163,7 +163,7 @@ def _is_token_list(value: Sequence[Any]) -> bool:
     return set(map(type, value)) <= _INT
 
 
-def _packed(ids: Iterable[int]) -> array[int]:
+def packed_ids(ids: Iterable[int]) -> array[int]:
     """Token ids as an ``array('I')``, each modulo 2**32."""
     if isinstance(ids, array) and ids.typecode == "I":
         return ids
@@ -185,14 +185,14 @@ def routing_text(body: Mapping[str, Any]) -> RoutingText:
         return RoutingText(namespace, text=prompt)
     if isinstance(prompt, list) and prompt:
         if _is_token_list(prompt):
-            return RoutingText(namespace, token_ids=_packed(prompt))
+            return RoutingText(namespace, token_ids=packed_ids(prompt))
         if all(isinstance(p, str) for p in prompt):
             # A batch of prompts goes to one engine together: route on all of them in order.
             return RoutingText(namespace, text=_RS.join(prompt))
         if all(isinstance(p, list) and p and _is_token_list(p) for p in prompt):
             ids = array("I")
             for p in prompt:
-                ids.extend(_packed(p))
+                ids.extend(packed_ids(p))
             return RoutingText(namespace, token_ids=ids)
     field = "input" if "input" in body and "prompt" not in body else "prompt"
     raise RequestShapeError(
@@ -211,7 +211,7 @@ def block_keys(rt: RoutingText, block_chars: int) -> list[int]:
     seed = namespace_seed(rt.namespace)
     if rt.token_ids is not None:
         per_block = max(1, block_chars // CHARS_PER_TOKEN)
-        return _chain(_packed(rt.token_ids).tobytes(), per_block * 4, seed)
+        return _chain(packed_ids(rt.token_ids).tobytes(), per_block * 4, seed)
     text = rt.text or ""
     if text.isascii():
         # One character is one byte: encode once and cut the bytes.

@@ -41,7 +41,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]  # ships no type information
 import xxhash
 
-from router.core.blocks import chain_keys, namespace_seed
+from router.core.blocks import chain_keys, namespace_seed, packed_ids
 
 Hash = int | bytes
 
@@ -56,6 +56,7 @@ TOKEN_LIMIT = 1 << 32
 END_SEQ = -1
 
 GPU = "gpu"
+_INT = frozenset({int})
 
 
 class Malformed(ValueError):
@@ -138,19 +139,43 @@ def _hash(v: Any) -> Hash:
 def _hashes(v: Any) -> tuple[Hash, ...]:
     if not isinstance(v, list):
         raise Malformed("block_hashes must be an array")
-    return tuple(_hash(h) for h in v)
+    # One event names every block of a prompt (a thousand for 16,000 tokens): the common
+    # shapes, all integers in range or all bytes of one allowed size, are checked in C.
+    if v:
+        kinds = set(map(type, v))
+        if kinds == {int} and min(v) >= -(1 << 63) and max(v) < (1 << 64):
+            return tuple(v)
+        if kinds == {bytes} and set(map(len, v)) <= HASH_BYTES:
+            return tuple(v)
+    return tuple(_hash(h) for h in v)  # mixed or bad: item by item, to say which is wrong
 
 
 def _opt_hash(v: Any) -> Hash | None:
     return None if v is None else _hash(v)
 
 
+def token_array(v: Sequence[Any]) -> array[int] | None:
+    """``v`` packed as 32-bit ids, or None when an item is not an int (bools are not) from 0
+    to 2**32 - 1.
+
+    Checked in C (the set of types, then ``array`` refusing what does not fit), never item
+    by item in Python: a long prompt's ids arrive in every event and every tokenization, and
+    a Python loop over 100,000 of them cost the router more than the rest of a decision
+    (bench/RESULTS.md, KV events live).
+    """
+    if v and set(map(type, v)) != _INT:
+        return None
+    try:
+        return array("I", v)
+    except OverflowError:
+        return None
+
+
 def _tokens(v: Any) -> tuple[int, ...]:
     if not isinstance(v, list):
         raise Malformed("token_ids must be an array")
-    for t in v:
-        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < TOKEN_LIMIT:
-            raise Malformed("token_ids must be non-negative 32-bit integers")
+    if token_array(v) is None:
+        raise Malformed("token_ids must be non-negative 32-bit integers")
     return tuple(v)
 
 
@@ -345,7 +370,7 @@ def token_seed(lora_name: str | None = None) -> int:
 
 
 def _blocks(token_ids: Sequence[int], block_size: int) -> list[bytes]:
-    data = array("I", token_ids).tobytes()
+    data = packed_ids(token_ids).tobytes()
     size = block_size * 4
     return [data[i : i + size] for i in range(0, len(data) - size + 1, size)]
 
@@ -354,9 +379,7 @@ def token_keys(
     token_ids: Sequence[int], block_size: int, lora_name: str | None = None
 ) -> list[int]:
     """Chained xxh3_64 keys of the full blocks of ``block_size`` token ids."""
-    return chain_keys(
-        _blocks([t & 0xFFFFFFFF for t in token_ids], block_size), token_seed(lora_name)
-    )
+    return chain_keys(_blocks(token_ids, block_size), token_seed(lora_name))
 
 
 def _extra_digest(extra: Any) -> bytes:
@@ -432,9 +455,11 @@ class EngineBlocks:
             ]
         keys = chain_keys(chunks, seed)
         d = self._keys
-        for h, k in zip(e.block_hashes, keys, strict=True):
-            d.pop(h, None)
-            d[h] = k
+        hashes = e.block_hashes
+        # Hashes stored again move to the end (the newest survive the cap); the rest are new.
+        for h in d.keys() & set(hashes):
+            del d[h]
+        d.update(zip(hashes, keys, strict=True))
         if len(d) > self.max_hashes:
             for h in list(d)[: len(d) - self.max_hashes + self.max_hashes // 64]:
                 del d[h]

@@ -25,6 +25,7 @@ from router.core.kv_events import (
     decode_batch,
     split_message,
     split_replay,
+    token_array,
     token_keys,
 )
 
@@ -290,3 +291,22 @@ def test_decode_map_without_nil_parent_reads_it_as_none() -> None:
     counts = Counts()
     batch = decode_batch(b"\x92\x01\x91" + event, counts)
     assert batch is not None and batch.events == (BlockStored((1,), None, (4,), 1),)
+
+
+@pytest.mark.parametrize(
+    ("ids", "ok"),
+    [
+        pytest.param([0, 5, (1 << 32) - 1], True, id="in_range"),
+        pytest.param([], True, id="empty"),
+        pytest.param([1, True], False, id="bool"),
+        pytest.param([1, -1], False, id="negative"),
+        pytest.param([1, 1 << 32], False, id="beyond_32_bits"),
+        pytest.param([1, 2.0], False, id="float"),
+        pytest.param([1, "2"], False, id="string"),
+    ],
+)
+def test_token_array_packs_32_bit_ids_only(ids: list[Any], ok: bool) -> None:
+    got = token_array(ids)
+    assert (got is not None) == ok
+    if got is not None:
+        assert list(got) == ids and got.typecode == "I"
