@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 BACKOFF_S = 0.1
 BACKOFF_MAX_S = 5.0
 POLL_MS = 500
+# Batches applied per wake-up of a subscription before the loop serves others (a batch of a
+# long prompt costs a few ms to decode and key: 16 stay well under a decision's budget of
+# patience, and keep up with an engine publishing 16 batches in one turn of the loop).
+DRAIN_BATCHES = 16
 REPLAY_TIMEOUT_S = 2.0
 # Engine hashes remembered per engine (for removals and parent links): about 100 bytes each.
 MAX_HASHES = 1_000_000
@@ -257,9 +261,8 @@ class Subscriber:
                         down = True
                     if not await sock.poll(POLL_MS):
                         continue
-                    frames = await sock.recv_multipart()
                     backoff = BACKOFF_S
-                    await self._message(feed, frames, replay)
+                    await self._drain(sock, feed, replay)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -268,6 +271,18 @@ class Subscriber:
                 backoff = min(2 * backoff, BACKOFF_MAX_S)
             finally:
                 sock.close(0)
+
+    async def _drain(self, sock: zmq.asyncio.Socket, feed: Feed, replay: str | None) -> None:
+        """Apply the batches waiting on ``sock``, up to ``DRAIN_BATCHES`` in one turn of the
+        event loop. One batch per wake-up (a poll and a receive, two turns of a loop busy
+        with requests) fell behind a fleet publishing a batch per request: events arrived
+        seconds late, and the index believed in blocks engines had already evicted."""
+        for _ in range(DRAIN_BATCHES):
+            try:
+                frames = await sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            await self._message(feed, frames, replay)
 
     async def _message(self, feed: Feed, frames: list[bytes], replay: str | None) -> None:
         try:

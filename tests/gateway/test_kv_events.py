@@ -7,15 +7,25 @@ the replay endpoint, where one is needed, is a real engine-sim publisher on loop
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import cast
 
+import zmq
+import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from router.core.decision import RoutingCore
 from router.core.policy import load_policy
 from router.enginesim.kv_publisher import CacheEvents, EventSettings, Publisher
 from router.gateway.config import KvEventEndpoint, KvEvents
-from router.gateway.kv_events import EventMetrics, Feed, Subscriber, endpoints_for
+from router.gateway.kv_events import (
+    DRAIN_BATCHES,
+    EventMetrics,
+    Feed,
+    Subscriber,
+    endpoints_for,
+)
 from router.presets import preset_path
 from tests.support import free_port
 
@@ -33,13 +43,18 @@ def subscriber() -> Iterator[Subscriber]:
         sub.close()
 
 
+def ids_of(ids: Sequence[int]) -> Callable[[int, int], Sequence[int]]:
+    """A prompt's ids as ``CacheEvents.admitted`` asks for them: ``start`` to ``end``."""
+    return lambda start, end: ids[start:end]
+
+
 def frames(seq: int, payload: bytes) -> list[bytes]:
     return [b"", seq.to_bytes(8, "big"), payload]
 
 
 def stored(writer: CacheEvents, first_key: int) -> bytes:
     keys = list(range(first_key, first_key + 2))
-    return writer.batch(writer.admitted(keys, list(range(first_key, first_key + 8)), 0.0), 1.0)
+    return writer.batch(writer.admitted(keys, ids_of(range(first_key, first_key + 8)), 0.0), 1.0)
 
 
 async def test_gap_without_replay_degrades_until_cleared() -> None:
@@ -78,7 +93,7 @@ async def test_gap_covered_by_replay_is_filled_in_order() -> None:
         with subscriber() as sub:
             w = CacheEvents(100, 4, "map", "int")
             feed = sub.feeds[ENGINE] = Feed(ENGINE, sub.core)
-            batches = [w.admitted([k, k + 1], list(range(k, k + 8)), 0.0) for k in (1, 10, 20)]
+            batches = [w.admitted([k, k + 1], ids_of(range(k, k + 8)), 0.0) for k in (1, 10, 20)]
             for events in batches:
                 pub.publish(events)
             payloads = [w.batch(e, 1.0) for e in batches]
@@ -89,6 +104,35 @@ async def test_gap_covered_by_replay_is_filled_in_order() -> None:
             assert sub.core.index.event_blocks(ENGINE) == 6  # the replayed seq 1 too
     finally:
         await pub.close()
+
+
+class Queued:
+    """A SUB socket's receiving side holding ``messages``: ``zmq.Again`` once they are out."""
+
+    def __init__(self, messages: list[list[bytes]]) -> None:
+        self.messages = deque(messages)
+
+    async def recv_multipart(self, flags: int = 0) -> list[bytes]:
+        assert flags & zmq.NOBLOCK
+        if not self.messages:
+            raise zmq.Again()
+        return self.messages.popleft()
+
+
+async def test_batches_waiting_are_applied_in_one_wake_up() -> None:
+    # A fleet publishes a batch per request; applying one per wake-up of a busy loop fell
+    # seconds behind. What waits is applied at once, up to DRAIN_BATCHES, then others run.
+    with subscriber() as sub:
+        w = CacheEvents(1000, 4, "map", "int")
+        feed = sub.feeds[ENGINE] = Feed(ENGINE, sub.core)
+        n = DRAIN_BATCHES + 3
+        queued = Queued([frames(k, stored(w, 10 * k + 1)) for k in range(n)])
+        sock = cast(zmq.asyncio.Socket, queued)
+        await sub._drain(sock, feed, None)
+        assert feed.last_seq == DRAIN_BATCHES - 1 and len(queued.messages) == 3
+        await sub._drain(sock, feed, None)
+        assert feed.last_seq == n - 1 and not queued.messages
+        assert sub.core.index.event_blocks(ENGINE) == 2 * n and not feed.degraded
 
 
 def test_endpoints_explicit_win_over_the_port_rule() -> None:
