@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import math
@@ -205,7 +206,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     events = request.app.get(EVENTS)
     if events is not None and gen.text is not None:
         # Right after admission, with no await between: events leave in cache order.
-        ids = token_ids(gen.text)
+        ids = functools.partial(token_ids, gen.text)
         request.app[PUBLISHER].publish(events.admitted(gen.keys, ids, engine.now()))
     try:
         reply = Reply(gen, engine.settings.model, ticket.cached)

@@ -22,7 +22,7 @@ import hashlib
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -88,8 +88,12 @@ class CacheEvents:
         required = REQUIRED.get(tag, ())
         return {"type": tag, **{k: v for k, v in fields if v is not None or k in required}}
 
-    def admitted(self, keys: Sequence[int], token_ids: Sequence[int], now: float) -> list[Any]:
-        """The events of a prompt whose full blocks are ``keys`` entering the cache."""
+    def admitted(
+        self, keys: Sequence[int], token_ids: Callable[[int, int], Sequence[int]], now: float
+    ) -> list[Any]:
+        """The events of a prompt whose full blocks are ``keys`` entering the cache;
+        ``token_ids(start, end)`` gives its ids from ``start`` to ``end`` (only the blocks
+        stored are asked for, as an engine sends only those)."""
         held = self._mirror.table
         new = [i for i, k in enumerate(keys) if k not in held]
         evicted = self._mirror.touch(list(keys)[::-1], now)
@@ -104,7 +108,7 @@ class CacheEvents:
             first = new[0]
             bt = self.block_tokens
             run = list(range(first, len(keys)))
-            tokens = [t & 0xFFFFFFFF for t in token_ids[first * bt : len(keys) * bt]]
+            tokens = list(token_ids(first * bt, len(keys) * bt))
             parent = self._hash(keys[first - 1]) if first else None
             fields = [
                 ("block_hashes", [self._hash(keys[i]) for i in run]),

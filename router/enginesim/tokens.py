@@ -17,6 +17,9 @@ word), so an answer sent back as the next turn's history counts as many tokens a
 
 from __future__ import annotations
 
+import sys
+from array import array
+
 import xxhash
 
 from router.core.blocks import CHARS_PER_TOKEN, RoutingText, block_keys
@@ -44,22 +47,55 @@ def prefix_keys(rt: RoutingText, block_tokens: int) -> list[int]:
 
 # Token ids of text pieces stay below this, like a real vocabulary's.
 VOCABULARY = 1 << 31
+# Ids of 4-byte pieces already computed (a pure function, memoised): a conversation's next turn
+# repeats its history, so most pieces were seen before. Cleared when it grows past this.
+_PIECE_IDS: dict[int, int] = {}
+PIECE_MEMO_LIMIT = 1 << 20
 
 
-def token_ids(rt: RoutingText) -> list[int]:
-    """The prompt's token ids: its ids, or one id per ``CHARS_PER_TOKEN``-character piece.
+def _piece_id(piece: bytes) -> int:
+    return xxhash.xxh3_64_intdigest(piece) % VOCABULARY
+
+
+def _ascii_ids(data: bytes) -> list[int]:
+    # An ASCII piece is 4 bytes: one machine word, so the pieces are cut in C, and each
+    # distinct word is hashed once (then looked up in C): a long prompt costs a few ms, not
+    # one Python call per token.
+    words = array("I")
+    words.frombytes(data[: len(data) - len(data) % 4])
+    memo = _PIECE_IDS
+    new = set(words).difference(memo)
+    if new:
+        if len(memo) + len(new) > PIECE_MEMO_LIMIT:
+            memo.clear()
+            new = set(words)
+        order = sys.byteorder
+        for w in new:
+            memo[w] = _piece_id(w.to_bytes(4, order))
+    return list(map(memo.__getitem__, words))
+
+
+def token_ids(rt: RoutingText, start: int = 0, end: int | None = None) -> list[int]:
+    """The prompt's token ids ``start`` to ``end``: its ids, or one id per
+    ``CHARS_PER_TOKEN``-character piece (the hash of the piece's UTF-8 bytes).
 
     What ``POST /tokenize`` answers and what the KV events carry, so that the router's keys
     over these ids name the blocks the cache holds (a trailing partial piece is no token, as
     ``prompt_tokens`` counts it).
     """
     if rt.token_ids is not None:
-        return list(rt.token_ids)
+        return list(rt.token_ids[start:end])
     text = rt.text or ""
-    digest = xxhash.xxh3_64_intdigest
+    n = len(text) // CHARS_PER_TOKEN
+    stop = n if end is None else min(end, n)
+    if start >= stop:
+        return []
+    part = text[start * CHARS_PER_TOKEN : stop * CHARS_PER_TOKEN]
+    if part.isascii():
+        return _ascii_ids(part.encode("ascii"))
     return [
-        digest(text[i : i + CHARS_PER_TOKEN].encode("utf-8", "surrogatepass")) % VOCABULARY
-        for i in range(0, len(text) - CHARS_PER_TOKEN + 1, CHARS_PER_TOKEN)
+        _piece_id(part[i : i + CHARS_PER_TOKEN].encode("utf-8", "surrogatepass"))
+        for i in range(0, len(part), CHARS_PER_TOKEN)
     ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import xxhash
 
 from router.core.blocks import CHARS_PER_TOKEN, RoutingText, block_keys, routing_text
 from router.core.policy import load_policy
@@ -12,10 +13,12 @@ from router.enginesim.engine import Engine, SimSettings
 from router.enginesim.requests import Endpoint, parse_generation
 from router.enginesim.tokens import (
     OUTPUT_TOKENS,
+    VOCABULARY,
     output_token,
     prefix_keys,
     prompt_tokens,
     text_tokens,
+    token_ids,
 )
 from router.presets import preset_path
 from tests.enginesim.support import MODEL, chat, completion, prompt, raw
@@ -141,3 +144,33 @@ def test_engine_hit_matches_router_overlap_in_tokens(
     overlap = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
     assert overlap * policy.block_tokens == router_tokens
     assert ticket.cached == engine_tokens
+
+
+def _ids_one_piece_at_a_time(text: str) -> list[int]:
+    # The definition: the hash of each 4-character piece's UTF-8 bytes.
+    return [
+        xxhash.xxh3_64_intdigest(text[i : i + CHARS_PER_TOKEN].encode("utf-8")) % VOCABULARY
+        for i in range(0, len(text) - CHARS_PER_TOKEN + 1, CHARS_PER_TOKEN)
+    ]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("a fox ran far. " * 40 + "xy", id="ascii"),
+        pytest.param("héllo wörld, ünïcode; " * 20 + "z", id="not_ascii"),
+        pytest.param("", id="empty"),
+    ],
+)
+def test_token_ids_one_per_piece_and_any_range_of_them(value: str) -> None:
+    rt = text(value)
+    assert rt.text is not None
+    want = _ids_one_piece_at_a_time(rt.text)
+    assert token_ids(rt) == want
+    for start, end in [(0, 3), (5, 17), (len(want) - 2, len(want)), (7, 7), (3, None)]:
+        assert token_ids(rt, start, end) == want[start:end]
+
+
+def test_token_ids_of_a_token_id_prompt_are_its_ids() -> None:
+    rt = routing_text(completion(list(range(40))))
+    assert token_ids(rt) == list(range(40)) and token_ids(rt, 10, 12) == [10, 11]
