@@ -126,10 +126,18 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class TokenPrompt:
-    """A request's token ids as the engines' tokenizer gives them, and its LoRA adapter."""
+    """A request's token ids as the engines' tokenizer gives them, and its LoRA adapter.
 
-    token_ids: tuple[int, ...]
+    ``text_chars``: the length of routing text the ids stand for (characters; for a prompt of
+    ids, ids times ``CHARS_PER_TOKEN``), to turn tokens an engine holds into the request's
+    text blocks. When the ids are only a head of the prompt (an earlier turn of the
+    conversation, tokenized before), it is that head's length. None: the ids are the whole
+    prompt, and its text blocks are spread evenly over them.
+    """
+
+    token_ids: Sequence[int]
     lora_name: str | None = None
+    text_chars: int | None = None
 
 
 # Medium tiers: a block in CPU memory or on disk still saves prefill, but costs a load.
@@ -388,8 +396,7 @@ class RoutingCore:
             if pk is None:
                 pk = by_size[size] = token_keys(tokenized.token_ids, size, tokenized.lora_name)
             _, weighted = self.index.event_overlap(e, pk, self._weight)
-            # The share of the prompt held, in the request's text blocks (what scorers count).
-            held = int(weighted * len(keys) / len(pk)) if pk else 0
+            held = self._text_blocks(weighted * size, tokenized, len(keys))
             bridge = 0
             if overlaps[i]:
                 bridge = self.index.leading_since(e, keys, now - self.bridge_seconds)
@@ -397,6 +404,18 @@ class RoutingCore:
                 overlaps[i], src[e] = bridge, "predicted"
             else:
                 overlaps[i], src[e] = held, "event" if held else "none"
+
+    def _text_blocks(self, tokens: float, tokenized: TokenPrompt, blocks: int) -> int:
+        """Held ``tokens`` of the prompt as its leading text blocks (what scorers count)."""
+        ids = len(tokenized.token_ids)
+        if not ids:
+            return 0
+        chars = tokenized.text_chars
+        if chars is None:
+            return min(blocks, int(tokens * blocks / ids + 1e-9))
+        # Through characters: the ids cover ``chars`` of text, whole blocks or not, so a held
+        # head of whole blocks is never cut short by the text's partial last block.
+        return min(blocks, int(tokens * chars / ids / self.policy.block_chars + 1e-9))
 
     def _pick(
         self,

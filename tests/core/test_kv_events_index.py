@@ -58,6 +58,28 @@ def test_event_entries_route_to_the_engine_that_stored_them() -> None:
     assert source(r2.decide(body(), ENGINES, 1.0, tokenized=TokenPrompt(IDS)), "c") == (2, "event")
 
 
+def test_held_blocks_count_through_characters_whole_text_blocks() -> None:
+    # A partial last text block (38 more ids, 304 characters) must not cut the held head
+    # short: 256 of 294 ids held are the 4 whole text blocks they spell, not 3.48 of 4.
+    text = TEXT + "y" * 304
+    ids = IDS + tuple(range(5000, 5038))
+    r = core()
+    r.set_precise("b", 16)
+    feed(r, "b", EngineBlocks(1000), stored(IDS, 1))
+    d = r.decide(body(text), ENGINES, 1.0, tokenized=TokenPrompt(ids, text_chars=len(text)))
+    assert source(d, "b") == (4, "event")
+
+
+def test_ids_of_a_head_count_for_the_text_they_cover() -> None:
+    # Only the first 128 ids are known (an earlier turn, 1,024 characters): the engine is
+    # seen to hold that much of the prompt, two text blocks, whatever it holds beyond.
+    r = core()
+    r.set_precise("b", 16)
+    feed(r, "b", EngineBlocks(1000), stored(IDS, 1))
+    head = TokenPrompt(IDS[:128], text_chars=1024)
+    assert source(r.decide(body(), ENGINES, 1.0, tokenized=head), "b") == (2, "event")
+
+
 def test_without_tokens_or_events_the_text_keys_answer() -> None:
     r = core()
     r.set_precise("b", 16)
