@@ -101,7 +101,14 @@ ROUTER_METRICS: Mapping[str, str] = {
 # HTTP paths `kvrouter serve` answers besides /v1/*.
 ROUTER_HTTP_PATHS = frozenset({"/health", "/ready", "/metrics"})
 ROUTER_HTTP_PORT = 8000
+# /metrics on a port of its own (listen.metrics_port): the API port then answers 404 for it.
+ROUTER_METRICS_PORT = 9090
 ROUTER_GOSSIP_PORT = 7946
+# The variable config.yaml's backends.api_key_env names when engines are sent an API key.
+ROUTER_ENGINE_KEY_ENV = "KVROUTER_ENGINE_API_KEY"
+# The pod's SIGKILL must come this long after the router cuts its streams at the end of
+# drain.grace_seconds (the router gives itself as much to stop, router.gateway.workers).
+DRAIN_MARGIN_SECONDS = 5
 # Environment the router reads with gossip on (router.gateway.replicas), from the downward API: the
 # pod's name is its node id, its IP the address gossip peers dial.
 ROUTER_POD_ENV: Mapping[str, str] = {"POD_NAME": "metadata.name", "POD_IP": "status.podIP"}
@@ -116,6 +123,9 @@ ROUTER_CONFIG_KEYS = frozenset(
         "limits",
         "admin_token_env",
         "gossip",
+        "flow_control",
+        "forwarding",
+        "drain",
     }
 )
 POLICY_PRESETS = ("kv-aware", "round-robin", "least-load", "consistent-hash")
@@ -162,11 +172,14 @@ class Rendered:
         containers = self.router_deployment()["spec"]["template"]["spec"]["containers"]
         return next(c for c in containers if c["name"] == "router")
 
+    def router_config_text(self) -> str:
+        """config.yaml as the router reads it, from the ConfigMap its --config path is in."""
+        path = config_arg(self.router_container())
+        return str(self.configmap_for_file(path)["data"][self.key_for_file(path)])
+
     def router_config(self) -> dict[str, Any]:
         """config.yaml from the ConfigMap the router's --config path is mounted from."""
-        path = config_arg(self.router_container())
-        cm = self.configmap_for_file(path)
-        config: dict[str, Any] = yaml.safe_load(cm["data"][self.key_for_file(path)])
+        config: dict[str, Any] = yaml.safe_load(self.router_config_text())
         return config
 
     def mount_for_file(self, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -210,6 +223,20 @@ def config_arg(container: Mapping[str, Any]) -> str:
 def load_values_file(path: Path) -> dict[str, Any]:
     values: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
     return values
+
+
+def merged_values(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The chart's values.yaml with ``overrides`` merged in, maps key by key as Helm does."""
+
+    def merge(base: Any, over: Any) -> Any:
+        if isinstance(base, Mapping) and isinstance(over, Mapping):
+            return {k: merge(base.get(k), over[k]) if k in over else base[k] for k in base} | {
+                k: v for k, v in over.items() if k not in base
+            }
+        return over
+
+    merged: dict[str, Any] = merge(load_values_file(CHART_DIR / "values.yaml"), overrides)
+    return merged
 
 
 def render(

@@ -10,6 +10,7 @@ container engine), so its properties are checked on its text.
 
 from __future__ import annotations
 
+import base64
 import json
 import posixpath
 import re
@@ -29,15 +30,18 @@ from tests.chart.support import (
     CRD_KINDS,
     DOCKERFILE,
     DOCKERIGNORE,
+    DRAIN_MARGIN_SECONDS,
     KUBE_VERSIONS,
     NAMESPACE,
     POLICY_PRESETS,
     ROOT,
     ROUTER_CONFIG_KEYS,
+    ROUTER_ENGINE_KEY_ENV,
     ROUTER_GOSSIP_PORT,
     ROUTER_HTTP_PATHS,
     ROUTER_HTTP_PORT,
     ROUTER_METRICS,
+    ROUTER_METRICS_PORT,
     ROUTER_POD_ENV,
     SERVICE_MONITOR_API,
     Rendered,
@@ -48,6 +52,7 @@ from tests.chart.support import (
     dockerignore_excludes,
     labels_match,
     lint_findings,
+    merged_values,
     parse_dockerfile,
     promql_metric_names,
     render,
@@ -216,7 +221,11 @@ def test_chart_metadata_has_kube_version_and_app_version_of_the_package() -> Non
 def test_router_config_scenario_has_the_contract_keys(scenario: str) -> None:
     config = rendered(scenario).router_config()
     assert set(config) == ROUTER_CONFIG_KEYS
-    assert config["listen"] == {"host": "0.0.0.0", "port": ROUTER_HTTP_PORT}
+    assert config["listen"] == {
+        "host": "0.0.0.0",
+        "port": ROUTER_HTTP_PORT,
+        "metrics_port": ROUTER_METRICS_PORT,
+    }
     assert config["admin_token_env"] == "KVROUTER_ADMIN_TOKEN"
     assert config["gossip"]["secret_env"] == "KVROUTER_GOSSIP_SECRET"
 
@@ -423,6 +432,293 @@ def test_kv_events_network_policy_leaves_egress_to_the_engines_open() -> None:
     assert "egress" not in policy["spec"]
 
 
+# --- contract: the config file loads, and every setting reaches the router -------------------
+
+
+@pytest.mark.parametrize("scenario", SCENARIO_IDS)
+def test_router_config_scenario_loads_with_the_router_loader(scenario: str) -> None:
+    """The router refuses an unknown key or a wrong type at start: its own loader must agree."""
+    from router.gateway.config import check_ready_to_serve, load_config_text
+
+    out = rendered(scenario)
+    config = load_config_text(out.router_config_text(), "config.yaml")
+    assert (config.listen.port, config.listen.metrics_port) == (
+        ROUTER_HTTP_PORT,
+        ROUTER_METRICS_PORT,
+    )
+    if config.engines.static or config.engines.dns is not None:
+        check_ready_to_serve(config)
+
+
+@pytest.mark.parametrize("scenario", SCENARIO_IDS)
+def test_router_settings_scenario_values_are_what_the_router_loads(scenario: str) -> None:
+    from router.gateway.config import load_config_text
+
+    router = merged_values(values_of(scenario))["router"]
+    config = load_config_text(rendered(scenario).router_config_text(), "config.yaml")
+    limits, flow, forwarding = router["limits"], router["flowControl"], router["forwarding"]
+    assert (
+        config.limits.max_connections,
+        config.limits.header_timeout_seconds,
+        config.limits.keepalive_timeout_seconds,
+        config.limits.retry_budget_percent,
+    ) == (
+        limits["maxConnections"],
+        limits["headerTimeoutSeconds"],
+        limits["keepaliveTimeoutSeconds"],
+        limits["retryBudgetPercent"],
+    )
+    assert (
+        config.flow_control.enabled,
+        config.flow_control.max_queue,
+        config.flow_control.max_wait_seconds,
+        config.flow_control.max_inflight_per_engine,
+        config.flow_control.priority_reserve,
+        config.flow_control.tenant_header,
+        config.flow_control.priority_header,
+    ) == (
+        flow["enabled"],
+        flow["maxQueue"],
+        flow["maxWaitSeconds"],
+        flow["maxInflightPerEngine"],
+        flow["priorityReserve"],
+        flow["tenantHeader"],
+        flow["priorityHeader"],
+    )
+    assert (
+        config.forwarding.client_credentials,
+        config.forwarding.trust_forwarding_headers,
+    ) == (forwarding["clientCredentials"], forwarding["trustForwardingHeaders"])
+    assert config.drain.grace_seconds == router["drain"]["graceSeconds"]
+
+
+def test_router_settings_defaults_are_the_router_defaults() -> None:
+    """Installing the chart changes nothing the router would do on its own (but the drain)."""
+    from router.gateway.config import FlowControl, Forwarding, Limits, load_config_text
+
+    router = merged_values({})["router"]
+    limits, flow, forwarding = Limits(), FlowControl(), Forwarding()
+    assert router["limits"] == {
+        "maxBodyBytes": limits.max_body_bytes,
+        "maxAttempts": limits.max_attempts,
+        "retryBudgetPercent": limits.retry_budget_percent,
+        "maxConnections": limits.max_connections,
+        "headerTimeoutSeconds": limits.header_timeout_seconds,
+        "keepaliveTimeoutSeconds": limits.keepalive_timeout_seconds,
+    }
+    assert router["flowControl"] == {
+        "enabled": flow.enabled,
+        "maxQueue": flow.max_queue,
+        "maxWaitSeconds": flow.max_wait_seconds,
+        "maxInflightPerEngine": flow.max_inflight_per_engine,
+        "priorityReserve": flow.priority_reserve,
+        "tenantHeader": flow.tenant_header,
+        "priorityHeader": flow.priority_header,
+    }
+    assert router["forwarding"] == {
+        "clientCredentials": forwarding.client_credentials,
+        "trustForwardingHeaders": forwarding.trust_forwarding_headers,
+    }
+    config = load_config_text(rendered("defaults").router_config_text(), "config.yaml")
+    assert (config.limits, config.flow_control, config.forwarding) == (limits, flow, forwarding)
+
+
+@pytest.mark.parametrize("scenario", SCENARIO_IDS)
+def test_drain_scenario_cut_comes_before_sigkill(scenario: str) -> None:
+    out = rendered(scenario)
+    grace = out.router_config()["drain"]["grace_seconds"]
+    kill_after = out.router_deployment()["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"
+    ]
+    assert grace > 0 and grace + DRAIN_MARGIN_SECONDS <= kill_after
+
+
+@pytest.mark.parametrize(
+    ("grace", "kill_after"),
+    [(45, 50), (55, 60), (0, 5), (2.5, 8)],
+    ids=["default-grace-tight", "at-the-limit", "no-grace", "fractional"],
+)
+def test_drain_grace_within_termination_period_rendered(grace: float, kill_after: int) -> None:
+    out = render(
+        {"router": {"drain": {"graceSeconds": grace}}, "terminationGracePeriodSeconds": kill_after}
+    )
+    assert out.router_config()["drain"] == {"grace_seconds": grace}
+    pod = out.router_deployment()["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == kill_after
+
+
+def test_router_settings_fractional_values_render_as_numbers() -> None:
+    """Seconds and percentages may be fractional: neither cut to an int nor quoted."""
+    from router.gateway.config import load_config_text
+
+    out = render(
+        {
+            "router": {
+                "limits": {
+                    "retryBudgetPercent": 12.5,
+                    "headerTimeoutSeconds": 0.5,
+                    "keepaliveTimeoutSeconds": 75.25,
+                },
+                "flowControl": {"maxWaitSeconds": 0.25},
+                "drain": {"graceSeconds": 7.5},
+            }
+        }
+    )
+    config = out.router_config()
+    assert config["limits"]["retry_budget_percent"] == 12.5
+    assert config["limits"]["header_timeout_seconds"] == 0.5
+    assert config["limits"]["keepalive_timeout_seconds"] == 75.25
+    assert config["flow_control"]["max_wait_seconds"] == 0.25
+    assert config["drain"]["grace_seconds"] == 7.5
+    # Large integers stay integers, never 1.6777216e+07 or a string.
+    assert config["limits"]["max_body_bytes"] == 16777216
+    assert type(config["limits"]["max_connections"]) is int
+    loaded = load_config_text(out.router_config_text(), "config.yaml")
+    assert loaded.limits.retry_budget_percent == 12.5
+    assert loaded.drain.grace_seconds == 7.5
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"router": {"limits": {"retryBudgetPercent": 101}}}, "/router/limits/retryBudgetPercent"),
+        ({"router": {"limits": {"maxConnections": 0}}}, "/router/limits/maxConnections"),
+        ({"router": {"limits": {"maxConnections": 2.5}}}, "/router/limits/maxConnections"),
+        (
+            {"router": {"limits": {"headerTimeoutSeconds": 0}}},
+            "/router/limits/headerTimeoutSeconds",
+        ),
+        (
+            {"router": {"limits": {"keepaliveTimeoutSeconds": "75"}}},
+            "/router/limits/keepaliveTimeoutSeconds",
+        ),
+        ({"router": {"flowControl": {"maxQueue": -1}}}, "/router/flowControl/maxQueue"),
+        ({"router": {"flowControl": {"enabled": "yes"}}}, "/router/flowControl/enabled"),
+        (
+            {"router": {"flowControl": {"tenantHeader": "x tenant"}}},
+            "/router/flowControl/tenantHeader",
+        ),
+        ({"router": {"flowControl": {"priorityHeader": ""}}}, "/router/flowControl/priorityHeader"),
+        ({"router": {"flowControl": {"retryAfterSeconds": 2}}}, "retryAfterSeconds"),
+        (
+            {"router": {"forwarding": {"trustForwardingHeaders": 1}}},
+            "/router/forwarding/trustForwardingHeaders",
+        ),
+        ({"router": {"drain": {"graceSeconds": -1}}}, "/router/drain/graceSeconds"),
+        ({"router": {"drain": {"graceSeconds": "45"}}}, "/router/drain/graceSeconds"),
+        (
+            {"router": {"backends": {"apiKeyFromSecret": "true"}}},
+            "/router/backends/apiKeyFromSecret",
+        ),
+        ({"secrets": {"engineApiKey": 12345}}, "/secrets/engineApiKey"),
+        ({"networkPolicy": {"metricsFrom": {"podSelector": {}}}}, "/networkPolicy/metricsFrom"),
+    ],
+    ids=[
+        "retry-budget-above-100",
+        "max-connections-zero",
+        "max-connections-fractional",
+        "header-timeout-zero",
+        "keepalive-string",
+        "max-queue-negative",
+        "flow-enabled-string",
+        "tenant-header-not-a-token",
+        "priority-header-empty",
+        "flow-unknown-key",
+        "trust-forwarding-number",
+        "drain-negative",
+        "drain-string",
+        "api-key-from-secret-string",
+        "engine-key-number",
+        "metrics-from-not-a-list",
+    ],
+)
+def test_router_settings_schema_bad_value_rejected_naming_the_key(
+    values: dict[str, Any], where: str
+) -> None:
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        render(values)
+    assert where in str(err.value)
+
+
+# --- contract: the engines' API key ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "secret"),
+    [
+        ({}, None),
+        ({"secrets": {"existingSecret": "mine"}}, None),
+        ({"secrets": {"engineApiKey": "sk-engine"}}, "edge-kvrouter"),
+        (
+            {
+                "secrets": {"existingSecret": "mine"},
+                "router": {"backends": {"apiKeyFromSecret": True}},
+            },
+            "mine",
+        ),
+        (
+            {
+                "secrets": {"engineApiKey": "sk-engine"},
+                "router": {"backends": {"apiKeyFromSecret": True}},
+            },
+            "edge-kvrouter",
+        ),
+    ],
+    ids=["none", "existing-secret-without-key", "chart-secret", "existing-secret", "both"],
+)
+def test_engine_api_key_values_env_named_in_config_from_the_secret(
+    values: dict[str, Any], secret: str | None
+) -> None:
+    from router.gateway.config import load_config_text
+
+    out = render(values)
+    env = {e["name"]: e for e in out.router_container()["env"]}
+    loaded = load_config_text(out.router_config_text(), "config.yaml")
+    if secret is None:
+        assert "api_key_env" not in out.router_config()["backends"]
+        assert loaded.engines.api_key_env == ""
+        assert ROUTER_ENGINE_KEY_ENV not in env
+        for s in out.of_kind("Secret"):
+            assert "engine-api-key" not in s["data"]
+        return
+    assert loaded.engines.api_key_env == ROUTER_ENGINE_KEY_ENV
+    ref = env[ROUTER_ENGINE_KEY_ENV]["valueFrom"]["secretKeyRef"]
+    # Not optional: without the key the pod must not start (the router would refuse anyway).
+    assert ref == {"name": secret, "key": "engine-api-key"}
+    if secret == "edge-kvrouter":
+        data = out.one("Secret", secret)["data"]
+        assert base64.b64decode(data["engine-api-key"]).decode() == "sk-engine"
+    else:
+        assert out.of_kind("Secret") == []
+
+
+@pytest.mark.parametrize("scenario", SCENARIO_IDS)
+def test_engine_api_key_scenario_env_exists_when_config_names_it(scenario: str) -> None:
+    out = rendered(scenario)
+    name = out.router_config()["backends"].get("api_key_env")
+    env = {e["name"]: e for e in out.router_container()["env"]}
+    if name is None:
+        assert ROUTER_ENGINE_KEY_ENV not in env
+        return
+    ref = env[name]["valueFrom"]["secretKeyRef"]
+    assert ref["key"] == "engine-api-key" and not ref.get("optional", False)
+    existing = values_of(scenario).get("secrets", {}).get("existingSecret")
+    if existing:
+        assert ref["name"] == existing
+    else:
+        assert ref["key"] in out.one("Secret", ref["name"])["data"]
+
+
+def test_engine_api_key_change_pod_template_changes_to_restart() -> None:
+    """The key reaches the router through its environment, read at start: a new key rolls."""
+
+    def annotations(key: str) -> dict[str, str]:
+        out = render({"secrets": {"engineApiKey": key}})
+        return dict(out.router_deployment()["spec"]["template"]["metadata"]["annotations"])
+
+    assert annotations("one")["checksum/secret"] != annotations("two")["checksum/secret"]
+
+
 # --- contract: gossip -----------------------------------------------------------------------
 
 
@@ -500,8 +796,38 @@ def test_gossip_tls_enabled_files_mounted_from_secret() -> None:
         ),
         ({"policy": {"inline": "name: [unclosed"}}, r"policy\.inline is not a YAML mapping"),
         ({"policy": {"inline": "just a sentence"}}, r"policy\.inline is not a YAML mapping"),
+        (
+            {"router": {"drain": {"graceSeconds": 56}}},
+            r"drain\.graceSeconds \(56\) \+ 5 is above terminationGracePeriodSeconds \(60\)",
+        ),
+        (
+            {"terminationGracePeriodSeconds": 30},
+            r"drain\.graceSeconds \(45\) \+ 5 is above terminationGracePeriodSeconds \(30\)",
+        ),
+        (
+            {"router": {"backends": {"apiKeyFromSecret": True}}},
+            r"router\.backends\.apiKeyFromSecret reads engine-api-key from secrets\.existingSecret",
+        ),
+        (
+            {"gossip": {"port": ROUTER_METRICS_PORT}},
+            r"gossip\.port \(9090\) must differ from the router's API port \(8000\) and metrics",
+        ),
+        (
+            {"gossip": {"port": ROUTER_HTTP_PORT}},
+            r"gossip\.port \(8000\) must differ from the router's API port \(8000\) and metrics",
+        ),
     ],
-    ids=["tls-without-secret", "hpa-min-above-max", "inline-bad-yaml", "inline-not-a-mapping"],
+    ids=[
+        "tls-without-secret",
+        "hpa-min-above-max",
+        "inline-bad-yaml",
+        "inline-not-a-mapping",
+        "drain-grace-past-sigkill",
+        "sigkill-before-default-drain",
+        "engine-key-from-no-secret",
+        "gossip-on-metrics-port",
+        "gossip-on-api-port",
+    ],
 )
 def test_render_inconsistent_values_fails_with_reason(values: dict[str, Any], reason: str) -> None:
     with pytest.raises(helm_python.HelmRenderError, match=reason):
@@ -531,6 +857,54 @@ def test_network_policy_scenario_gossip_port_only_from_router_pods(scenario: str
     assert peer["podSelector"]["matchLabels"] == policy["spec"]["podSelector"]["matchLabels"]
 
 
+def port_rules(policy: dict[str, Any], port: str) -> list[dict[str, Any]]:
+    return [r for r in policy["spec"]["ingress"] if any(p["port"] == port for p in r["ports"])]
+
+
+@pytest.mark.parametrize("scenario", SCENARIO_IDS)
+def test_network_policy_scenario_metrics_port_from_metrics_from(scenario: str) -> None:
+    """/metrics has its own port: scrapers are admitted there, as networkPolicy.metricsFrom says."""
+    out = rendered(scenario)
+    policies = out.of_kind("NetworkPolicy")
+    if not values_of(scenario).get("networkPolicy", {}).get("enabled", True):
+        assert policies == []
+        return
+    (policy,) = policies
+    network = merged_values(values_of(scenario))["networkPolicy"]
+    (rule,) = port_rules(policy, "metrics")
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert container_port(out.router_container(), "metrics") == ROUTER_METRICS_PORT
+    assert rule.get("from", []) == network["metricsFrom"]
+    (http,) = port_rules(policy, "http")
+    assert [p["port"] for p in http["ports"]] == ["http"]
+
+
+@pytest.mark.parametrize(
+    ("metrics_from", "http_from"),
+    [
+        ([], []),
+        (
+            [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            [],
+        ),
+        ([], [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}}]),
+    ],
+    ids=["both-open", "metrics-restricted", "http-restricted"],
+)
+def test_network_policy_metrics_from_restricts_only_the_metrics_port(
+    metrics_from: list[dict[str, Any]], http_from: list[dict[str, Any]]
+) -> None:
+    out = render({"networkPolicy": {"metricsFrom": metrics_from, "httpFrom": http_from}})
+    (policy,) = out.of_kind("NetworkPolicy")
+    (metrics,) = port_rules(policy, "metrics")
+    (http,) = port_rules(policy, "http")
+    # An empty list admits everyone: a rule without "from".
+    assert metrics.get("from", []) == metrics_from
+    # httpFrom also admits the `helm test` pod, which calls /ready; it never reads /metrics.
+    assert http.get("from", [])[: len(http_from)] == http_from
+    assert ("from" in http) is bool(http_from)
+
+
 # --- contract: HTTP, probes, Services -------------------------------------------------------
 
 
@@ -547,16 +921,19 @@ def test_probes_scenario_call_router_endpoints_on_its_port(scenario: str) -> Non
 
 
 @pytest.mark.parametrize("scenario", SCENARIO_IDS)
-def test_service_scenario_http_and_metrics_reach_the_router_port(scenario: str) -> None:
+def test_service_scenario_http_and_metrics_reach_their_router_ports(scenario: str) -> None:
+    """The API port answers 404 for /metrics: "metrics" must reach listen.metrics_port."""
     out = rendered(scenario)
     container = out.router_container()
+    listen = out.router_config()["listen"]
     pod_labels = out.router_deployment()["spec"]["template"]["metadata"]["labels"]
     service = out.one("Service", out.router_deployment()["metadata"]["name"])
     assert labels_match(service["spec"]["selector"], pod_labels)
     ports = {p["name"]: p for p in service["spec"]["ports"]}
     assert set(ports) == {"http", "metrics"}
-    for port in ports.values():
-        assert container_port(container, port["targetPort"]) == ROUTER_HTTP_PORT
+    assert container_port(container, ports["http"]["targetPort"]) == listen["port"]
+    assert container_port(container, ports["metrics"]["targetPort"]) == listen["metrics_port"]
+    assert listen["metrics_port"] not in {0, listen["port"]}
 
 
 @pytest.mark.parametrize("scenario", SCENARIO_IDS)
@@ -695,6 +1072,10 @@ def test_service_monitor_crd_present_scrapes_the_metrics_port() -> None:
     ]
     assert [s["metadata"]["name"] for s in scraped] == [out.router_deployment()["metadata"]["name"]]
     assert monitor["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE]
+    # The scraped Service port leads to the one container port that serves /metrics.
+    (port,) = [p for p in scraped[0]["spec"]["ports"] if p["name"] == endpoint["port"]]
+    target = container_port(out.router_container(), port["targetPort"])
+    assert target == out.router_config()["listen"]["metrics_port"] == ROUTER_METRICS_PORT
 
 
 def test_notes_default_explain_policy_edit_and_reload_metric() -> None:

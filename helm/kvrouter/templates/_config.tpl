@@ -14,13 +14,25 @@ camelCase; the file's keys are the router's snake_case names.
 {{- else if or $kv.replayPort $kv.topic }}
 {{- fail "router.backends.kvEvents.port is required when replayPort or topic is set (0 turns KV events off)" }}
 {{- end }}
+{{- if include "kvrouter.engineApiKey" . }}
+{{- $_ := set $backends "api_key_env" (include "kvrouter.engineApiKeyEnv" .) }}
+{{- end }}
+{{- $fixed := list (include "kvrouter.httpPort" . | int) (include "kvrouter.metricsPort" . | int) }}
+{{- if and .Values.gossip.enabled (has (.Values.gossip.port | int) $fixed) }}
+{{- fail (printf "gossip.port (%d) must differ from the router's API port (%d) and metrics port (%d)" (.Values.gossip.port | int) (index $fixed 0) (index $fixed 1)) }}
+{{- end }}
+{{- $grace := $r.drain.graceSeconds | float64 }}
+{{- $killAfter := .Values.terminationGracePeriodSeconds | float64 }}
+{{- if gt (addf $grace 5) $killAfter }}
+{{- fail (printf "router.drain.graceSeconds (%v) + 5 is above terminationGracePeriodSeconds (%v): the router cuts what is left of its streams when its grace ends, and the kubelet's SIGKILL must come at least 5 seconds after that" $grace $killAfter) }}
+{{- end }}
 {{- $tls := dict "cert_file" "" "key_file" "" "ca_file" "" }}
 {{- if .Values.gossip.tls.enabled }}
 {{- $dir := include "kvrouter.gossipTLSDir" . }}
 {{- $tls = dict "cert_file" (printf "%s/tls.crt" $dir) "key_file" (printf "%s/tls.key" $dir) "ca_file" (printf "%s/ca.crt" $dir) }}
 {{- end }}
 {{- $config := dict
-  "listen" (dict "host" "0.0.0.0" "port" 8000)
+  "listen" (dict "host" "0.0.0.0" "port" (include "kvrouter.httpPort" . | int) "metrics_port" (include "kvrouter.metricsPort" . | int))
   "policy" (printf "%s/policy.yaml" (include "kvrouter.policyDir" .))
   "policy_reload" (dict "enabled" .Values.policy.reload.enabled "interval_seconds" (.Values.policy.reload.intervalSeconds | int))
   "backends" $backends
@@ -35,7 +47,25 @@ camelCase; the file's keys are the router's snake_case names.
     "connect_seconds" ($r.timeouts.connectSeconds | int)
     "first_byte_seconds" ($r.timeouts.firstByteSeconds | int)
     "idle_stream_seconds" ($r.timeouts.idleStreamSeconds | int))
-  "limits" (dict "max_body_bytes" ($r.limits.maxBodyBytes | int) "max_attempts" ($r.limits.maxAttempts | int))
+  "limits" (dict
+    "max_body_bytes" ($r.limits.maxBodyBytes | int)
+    "max_attempts" ($r.limits.maxAttempts | int)
+    "retry_budget_percent" ($r.limits.retryBudgetPercent | float64)
+    "max_connections" ($r.limits.maxConnections | int)
+    "header_timeout_seconds" ($r.limits.headerTimeoutSeconds | float64)
+    "keepalive_timeout_seconds" ($r.limits.keepaliveTimeoutSeconds | float64))
+  "flow_control" (dict
+    "enabled" $r.flowControl.enabled
+    "max_queue" ($r.flowControl.maxQueue | int)
+    "max_wait_seconds" ($r.flowControl.maxWaitSeconds | float64)
+    "max_inflight_per_engine" ($r.flowControl.maxInflightPerEngine | int)
+    "priority_reserve" ($r.flowControl.priorityReserve | int)
+    "tenant_header" $r.flowControl.tenantHeader
+    "priority_header" $r.flowControl.priorityHeader)
+  "forwarding" (dict
+    "client_credentials" $r.forwarding.clientCredentials
+    "trust_forwarding_headers" $r.forwarding.trustForwardingHeaders)
+  "drain" (dict "grace_seconds" $grace)
   "admin_token_env" "KVROUTER_ADMIN_TOKEN"
   "gossip" (dict
     "enabled" .Values.gossip.enabled

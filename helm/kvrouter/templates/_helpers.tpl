@@ -76,7 +76,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/* The Secret holding the gossip secret and the admin token. */}}
+{{/* The Secret holding the gossip secret, the admin token, the API keys and the engines' key. */}}
 {{- define "kvrouter.secretName" -}}
 {{- default (include "kvrouter.fullname" .) .Values.secrets.existingSecret }}
 {{- end }}
@@ -128,6 +128,28 @@ that the chart does not ship fails the render with the list of those it does.
 {{- $text }}
 {{- end }}
 {{- end }}
+
+{{/*
+The router's fixed container ports: the API (with /health and /ready), and /metrics on a port
+of its own, so that the API's clients never see it.
+*/}}
+{{- define "kvrouter.httpPort" -}}8000{{- end }}
+{{- define "kvrouter.metricsPort" -}}9090{{- end }}
+
+{{/*
+True ("true") when engines are sent an API key: secrets.engineApiKey or
+router.backends.apiKeyFromSecret is set. Either way the key is "engine-api-key" of the Secret
+the pods read, in the variable that config.yaml names. apiKeyFromSecret with neither an
+existing Secret nor secrets.engineApiKey would leave the pods unable to start: it fails instead.
+*/}}
+{{- define "kvrouter.engineApiKey" -}}
+{{- $v := .Values }}
+{{- if and $v.router.backends.apiKeyFromSecret (not $v.secrets.existingSecret) (not $v.secrets.engineApiKey) }}
+{{- fail "router.backends.apiKeyFromSecret reads engine-api-key from secrets.existingSecret, which is empty: name that Secret, or set secrets.engineApiKey instead" }}
+{{- end }}
+{{- if or $v.router.backends.apiKeyFromSecret $v.secrets.engineApiKey }}true{{- end }}
+{{- end }}
+{{- define "kvrouter.engineApiKeyEnv" -}}KVROUTER_ENGINE_API_KEY{{- end }}
 
 {{/* True ("true") when the chart itself renders the Secret. */}}
 {{- define "kvrouter.createSecret" -}}
