@@ -2,31 +2,60 @@
 
 Precise routing keys a request over the ids the engine will see (the chat template applied),
 so they come from the engine: ``{"model", "prompt"}`` or ``{"model", "messages",
-"add_generation_prompt": true}`` answering ``{"tokens": [...], "count": N, ...}``. Answers are
-cached by routing text (bounded by the tokens held), a call has a short timeout, and any
-failure means ``None``: the request is routed on the router's text keys instead. A prompt
-given as token ids needs no call.
+"add_generation_prompt": true}`` answering ``{"tokens": [...], "count": N, ...}``. A call has a
+short timeout, and any failure means ``None``: the request is routed on the router's text keys
+instead. A prompt given as token ids needs no call.
+
+What a call costs decides whether precise routing pays (bench/RESULTS.md, KV events live): a
+conversation's next turn re-sends its whole history, the engine renders and tokenizes all of
+it, and the router parses one id per token. So:
+
+- answers are cached by routing text, as ``array('I')`` (4 bytes an id), bounded by the ids
+  held; a repeated prompt costs nothing;
+- a prompt that *extends* a cached one (the next turn of a conversation this router saw) is
+  routed at once on the cached head's ids, less a margin at its end (a tokenizer may merge the
+  last tokens with the text that follows, and a chat template's generation prompt need not
+  recur): the engines can only hold more of it if the same continuation was sent before. The
+  whole prompt is tokenized in the background, at most ``BACKGROUND_CALLS`` at a time, so the
+  turn after it finds its head too;
+- calls go round-robin over the precise engines serving the model (any of them tokenizes the
+  same way), not all to one engine that also serves traffic;
+- ids are checked and packed in C (``core.kv_events.token_array``), never one by one.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import logging
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import aiohttp
 import orjson
 
-from router.core.blocks import RoutingText
+from router.core.blocks import CHARS_PER_TOKEN, RoutingText, block_keys
 from router.core.decision import TokenPrompt
+from router.core.kv_events import token_array
 from router.gateway.inbound import Inbound
 
 log = logging.getLogger(__name__)
 
-# About 4 bytes per cached id in an array, plus the text key: tens of MB at most.
+# About 4 bytes per cached id, plus its text (about 4 bytes a token): tens of MB at most.
 CACHE_TOKENS = 4_000_000
 MAX_TOKENS = 1 << 20
+# Heads are found by chained keys of this many characters of routing text: a prompt is
+# looked up with one dict probe per chunk, deepest first.
+HEAD_CHUNK_CHARS = 512
+# Ids dropped from the end of a cached head before it stands for a longer prompt's start:
+# more than a generation prompt and a merge at the seam; one engine block at most is lost.
+HEAD_MARGIN_IDS = 16
+# Whole prompts tokenized in the background after a head answered; beyond this, skipped.
+BACKGROUND_CALLS = 4
 
 
 def lora_of(inbound: Inbound) -> str | None:
@@ -34,8 +63,14 @@ def lora_of(inbound: Inbound) -> str | None:
     return adapter if isinstance(adapter, str) and adapter else None
 
 
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    ids: array[int]
+    head_key: int | None  # the chained key of the text's last whole chunk (None: no chunk)
+
+
 class Tokenizer:
-    """Token ids of requests, from one of the precise engines serving the model."""
+    """Token ids of requests, from the precise engines serving the model."""
 
     def __init__(
         self,
@@ -46,40 +81,106 @@ class Tokenizer:
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self.engines = engines  # model -> precise engines serving it
         self.observe = observe  # (seconds, succeeded)
-        self._cache: OrderedDict[RoutingText, tuple[int, ...]] = OrderedDict()
+        self._cache: OrderedDict[RoutingText, _Entry] = OrderedDict()
+        # chained key of a cached text's last whole chunk -> the cached texts ending there
+        self._heads: dict[int, list[RoutingText]] = {}
         self._held = 0
+        self._turn = itertools.count()
+        self._background: dict[RoutingText, asyncio.Task[None]] = {}
         self._http: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
+        """Stop background calls and close the client session."""
+        tasks = list(self._background.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._background.clear()  # a task cancelled before it ran never removed itself
         if self._http is not None:
             await self._http.close()
 
-    def _remember(self, rt: RoutingText, ids: tuple[int, ...]) -> None:
-        self._cache[rt] = ids
-        self._held += len(ids)
-        while self._held > CACHE_TOKENS and self._cache:
-            _, old = self._cache.popitem(last=False)
-            self._held -= len(old)
+    @property
+    def pending(self) -> int:
+        """Background tokenizations in flight."""
+        return len(self._background)
 
     async def __call__(self, inbound: Inbound) -> TokenPrompt | None:
-        """The request's ids, or None (no precise engine, or the engine could not say)."""
+        """The request's ids (or its head's), or None: no precise engine, or it could not say."""
         rt = inbound.text
+        lora = lora_of(inbound)
         if rt.token_ids is not None:
-            return TokenPrompt(tuple(rt.token_ids), lora_of(inbound))
+            ids = rt.token_ids
+            return TokenPrompt(ids, lora, len(ids) * CHARS_PER_TOKEN)
         engines = self.engines(inbound.model)
+        text = rt.text or ""
         if not engines:
             return None
-        ids = self._cache.get(rt)
-        if ids is not None:
+        entry = self._cache.get(rt)
+        if entry is not None:
             self._cache.move_to_end(rt)
-            return TokenPrompt(ids, lora_of(inbound))
-        ids = await self._ask(engines[0], inbound)
-        if ids is None:
+            return TokenPrompt(entry.ids, lora, len(text))
+        keys = block_keys(rt, HEAD_CHUNK_CHARS)
+        head = self._head(rt, keys)
+        if head is not None:
+            self._in_background(inbound, keys, engines)
+            ids, head_text = self._cache[head].ids, head.text or ""
+            n = max(0, len(ids) - HEAD_MARGIN_IDS)
+            chars = len(head_text) * n // len(ids) if ids else 0
+            return TokenPrompt(ids[:n], lora, chars)
+        got = await self._ask(self._next(engines), inbound)
+        if got is None:
             return None
-        self._remember(rt, ids)
-        return TokenPrompt(ids, lora_of(inbound))
+        self._remember(rt, got, keys)
+        return TokenPrompt(got, lora, len(text))
 
-    async def _ask(self, engine: str, inbound: Inbound) -> tuple[int, ...] | None:
+    def _next(self, engines: Sequence[str]) -> str:
+        return engines[next(self._turn) % len(engines)]
+
+    def _head(self, rt: RoutingText, keys: Sequence[int]) -> RoutingText | None:
+        """The longest cached text that ``rt``'s text starts with (never ``rt`` itself)."""
+        text = rt.text or ""
+        for k in reversed(keys):
+            for cached in self._heads.get(k, ()):
+                if cached.namespace == rt.namespace and text.startswith(cached.text or ""):
+                    return cached
+        return None
+
+    def _in_background(self, inbound: Inbound, keys: Sequence[int], engines: Sequence[str]) -> None:
+        rt = inbound.text
+        if rt in self._background or len(self._background) >= BACKGROUND_CALLS:
+            return
+        engine = self._next(engines)
+
+        async def fill() -> None:
+            try:
+                got = await self._ask(engine, inbound)
+                if got is not None:
+                    self._remember(rt, got, keys)
+            finally:
+                self._background.pop(rt, None)
+
+        self._background[rt] = asyncio.create_task(fill(), name="tokenize")
+
+    def _remember(self, rt: RoutingText, ids: array[int], keys: Sequence[int]) -> None:
+        if rt in self._cache:
+            return
+        head_key = keys[-1] if keys else None
+        self._cache[rt] = _Entry(ids, head_key)
+        if head_key is not None:
+            self._heads.setdefault(head_key, []).append(rt)
+        self._held += len(ids)
+        while self._held > CACHE_TOKENS and self._cache:
+            old_rt, old = self._cache.popitem(last=False)
+            self._held -= len(old.ids)
+            if old.head_key is not None:
+                same = self._heads[old.head_key]
+                same.remove(old_rt)
+                if not same:
+                    del self._heads[old.head_key]
+
+    async def _ask(self, engine: str, inbound: Inbound) -> array[int] | None:
         body = inbound.body
         req: dict[str, object] = {"model": inbound.model}
         if "messages" in body:
@@ -103,11 +204,12 @@ class Tokenizer:
             tokens = got.get("tokens") if isinstance(got, dict) else None
             if not isinstance(tokens, list) or len(tokens) > MAX_TOKENS:
                 raise ValueError("no 'tokens' array")
-            if not all(isinstance(x, int) and not isinstance(x, bool) for x in tokens):
-                raise ValueError("'tokens' holds a non-integer")
+            ids = token_array(tokens)
+            if ids is None:
+                raise ValueError("'tokens' holds something other than 32-bit token ids")
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             log.debug("tokenize on %s failed: %s", engine, e)
             self.observe(time.perf_counter() - t, False)
             return None
         self.observe(time.perf_counter() - t, True)
-        return tuple(tokens)
+        return ids

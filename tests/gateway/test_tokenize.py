@@ -1,0 +1,192 @@
+"""The router's tokenizer client: engines' POST /tokenize, the cache, heads of conversations."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from router.core.blocks import CHARS_PER_TOKEN
+from router.enginesim.tokens import token_ids
+from router.gateway.inbound import Inbound, parse
+from router.gateway.tokenize import HEAD_MARGIN_IDS, Tokenizer
+from tests.support import LOOPBACK, free_port
+
+MODEL = "m"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def inbound(prompt: str | list[int]) -> Inbound:
+    return parse(orjson.dumps({"model": MODEL, "prompt": prompt}), "/v1/completions")
+
+
+def words(start: int, n: int) -> str:
+    """``n`` words of 8 characters (two tokens each), numbered from ``start``."""
+    return "".join(f"w{i:06d} " for i in range(start, start + n))
+
+
+async def engine_ids(request: web.Request) -> web.Response:
+    """A /tokenize that answers as engine-sim does."""
+    ids = token_ids(parse(await request.read(), "/v1/completions").text)
+    return web.Response(body=orjson.dumps({"tokens": ids, "count": len(ids)}))
+
+
+@contextlib.asynccontextmanager
+async def engines(
+    n: int, handler: Handler = engine_ids
+) -> AsyncIterator[tuple[list[str], list[list[str]]]]:
+    """``n`` engines answering ``/tokenize`` with ``handler``; yields their URLs and, per
+    engine, the prompts it was asked to tokenize."""
+    runners, urls, asked = [], [], []
+    for _ in range(n):
+        seen: list[str] = []
+
+        async def tokenize(request: web.Request, seen: list[str] = seen) -> web.StreamResponse:
+            seen.append(orjson.loads(await request.read())["prompt"])
+            return await handler(request)
+
+        app = web.Application()
+        app.router.add_post("/tokenize", tokenize)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, LOOPBACK, port).start()
+        runners.append(runner)
+        urls.append(f"http://{LOOPBACK}:{port}")
+        asked.append(seen)
+    try:
+        yield urls, asked
+    finally:
+        for r in runners:
+            await r.cleanup()
+
+
+async def settled(tok: Tokenizer) -> None:
+    """Until the background calls are done (bounded)."""
+    for _ in range(500):
+        if not tok.pending:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("background tokenizations did not finish")
+
+
+async def test_tokenizer_calls_spread_over_the_precise_engines() -> None:
+    async with engines(2) as (urls, asked):
+        tok = Tokenizer(5.0, lambda _model: urls)
+        try:
+            for i in range(4):
+                req = inbound(words(1000 * i, 10))
+                got = await tok(req)
+                assert got is not None and list(got.token_ids) == token_ids(req.text)
+        finally:
+            await tok.close()
+    assert [len(a) for a in asked] == [2, 2]
+
+
+async def test_tokenizer_next_turn_routes_on_the_cached_head_at_once() -> None:
+    first = words(0, 200)  # 1,600 characters, 400 tokens
+    second = first + words(500, 100)  # the next turn: the history and more
+    third = second + words(900, 100)
+    async with engines(1) as (urls, asked):
+        tok = Tokenizer(5.0, lambda _model: urls)
+        try:
+            whole = await tok(inbound(first))
+            assert whole is not None and whole.text_chars == len(first)
+            head = await tok(inbound(second))
+            # No call waited on: the first turn's ids, less the margin, stand for its start.
+            assert head is not None
+            n = len(first) // CHARS_PER_TOKEN - HEAD_MARGIN_IDS
+            assert list(head.token_ids) == list(whole.token_ids)[:n]
+            assert head.text_chars == n * CHARS_PER_TOKEN
+            # Meanwhile the whole second turn is tokenized, so the third finds it.
+            await settled(tok)
+            assert asked[0] == [first, second]
+            again = await tok(inbound(second))
+            assert again is not None and list(again.token_ids) == token_ids(inbound(second).text)
+            later = await tok(inbound(third))
+            assert later is not None
+            assert len(later.token_ids) == len(second) // CHARS_PER_TOKEN - HEAD_MARGIN_IDS
+            await settled(tok)
+        finally:
+            await tok.close()
+    assert asked[0] == [first, second, third]
+
+
+async def test_tokenizer_a_prompt_that_only_shares_a_start_is_asked() -> None:
+    a = words(0, 200) + words(5000, 50)
+    b = words(0, 200) + words(7000, 50)  # same start, another continuation: not a's next turn
+    async with engines(1) as (urls, asked):
+        tok = Tokenizer(5.0, lambda _model: urls)
+        try:
+            await tok(inbound(a))
+            got = await tok(inbound(b))
+            assert got is not None and list(got.token_ids) == token_ids(inbound(b).text)
+        finally:
+            await tok.close()
+    assert asked[0] == [a, b]
+
+
+def answer(value: Any) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps({"tokens": value}))
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param([1, True], id="bool"),
+        pytest.param([1, -2], id="negative"),
+        pytest.param([1, 2.0], id="float"),
+        pytest.param([1, 1 << 32], id="beyond_32_bits"),
+        pytest.param("12", id="string"),
+        pytest.param(None, id="missing"),
+    ],
+)
+async def test_tokenizer_bad_answer_falls_back_to_text_keys(bad: Any) -> None:
+    outcomes: list[bool] = []
+    async with engines(1, answer(bad)) as (urls, _asked):
+        tok = Tokenizer(5.0, lambda _model: urls, lambda _s, ok: outcomes.append(ok))
+        try:
+            assert await tok(inbound(words(0, 10))) is None
+        finally:
+            await tok.close()
+    assert outcomes == [False]
+
+
+async def test_tokenizer_token_id_prompts_and_no_engine_need_no_call() -> None:
+    async with engines(1) as (urls, asked):
+        tok = Tokenizer(5.0, lambda model: urls if model == MODEL else [])
+        try:
+            got = await tok(inbound([5, 6, 7]))
+            assert got is not None and list(got.token_ids) == [5, 6, 7]
+            assert got.text_chars == 3 * CHARS_PER_TOKEN
+            other = parse(orjson.dumps({"model": "x", "prompt": "hi"}), "/v1/completions")
+            assert await tok(other) is None
+        finally:
+            await tok.close()
+    assert asked == [[]]
+
+
+async def test_tokenizer_close_stops_background_calls() -> None:
+    release = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        if "w000500" in (await request.text()):
+            await release.wait()  # the second turn's call hangs until the test ends
+        return await engine_ids(request)
+
+    async with engines(1, slow) as (urls, _asked):
+        tok = Tokenizer(30.0, lambda _model: urls)
+        await tok(inbound(words(0, 200)))
+        assert await tok(inbound(words(0, 200) + words(500, 10))) is not None
+        assert tok.pending == 1
+        await tok.close()
+        assert tok.pending == 0
+        release.set()
