@@ -1,4 +1,4 @@
-"""The gateway's memory and event loop under large request bodies.
+"""The gateway's memory and event loop under large request bodies and large answers.
 
 Starts ``kvrouter engine-sim --fast`` and, for each case, a fresh ``kvrouter serve`` in front of
 it with ``limits.max_body_bytes`` set to the body size, then sends ``--bodies`` bodies at once,
@@ -6,7 +6,11 @@ each just under that limit:
 
 - ``tokens``: completions whose prompt is token ids (7 bytes of JSON each, a Python int each
   once parsed: the largest growth from bytes to objects);
-- ``messages``: chat requests of many one-word messages (a dict per message).
+- ``messages``: chat requests of many one-word messages (a dict per message);
+- ``users``: ``--bodies`` x 4 chats one after another, each with a different ``user`` string
+  just under the limit (session affinity keys sessions by it: growth is what the router keeps);
+- ``answers``: ``--answers`` small chats at once, each answered with a ``--answer-mib``
+  non-streamed body by an engine of this module (``huge_engine``) instead of engine-sim.
 
 It reads the router's resident memory from /proc/PID/status (Linux only): VmRSS before the
 bodies (after one small request), and the peak, VmHWM, after all of them were answered. Growth
@@ -16,14 +20,15 @@ answer shows how long the event loop was blocked.
 ``--checkout DIR`` runs kvrouter from another copy of the source (for example an unpacked
 ``git archive`` of an older commit), to compare before and after a change on one machine.
 
-    python -m bench.memory [--bodies 8] [--body-mib 16] [--cases tokens messages]
-                           [--checkout DIR]
+    python -m bench.memory [--bodies 8] [--body-mib 16] [--answers 4] [--answer-mib 200]
+                           [--cases tokens messages users answers] [--checkout DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import os
 import sys
@@ -32,12 +37,14 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import orjson
+from aiohttp import web
 
-from tests.support import CHECKOUT_KVROUTER, ROOT, Proc, running, start_kvrouter
+from tests.support import CHECKOUT_KVROUTER, ROOT, Proc, free_port, running, start_kvrouter
 
 MIB = 1024 * 1024
 
@@ -61,10 +68,95 @@ def messages_body(limit: int) -> bytes:
     return orjson.dumps({"model": "sim-model", "messages": messages, "max_tokens": 1})
 
 
+def user_bodies(limit: int, n: int) -> list[bytes]:
+    """``n`` small chats, each with its own ``user`` string of about ``limit`` bytes."""
+    return [
+        orjson.dumps(
+            {
+                "model": "sim-model",
+                "messages": [{"role": "user", "content": "hi"}],
+                "user": f"{i:08d}" + "u" * (limit - 300),
+                "max_tokens": 1,
+            }
+        )
+        for i in range(n)
+    ]
+
+
 BODIES = {
     "tokens": ("/v1/completions", token_body),
     "messages": ("/v1/chat/completions", messages_body),
 }
+CASES = [*BODIES, "users", "answers"]
+SESSION_POLICY = """
+name: sessions
+scorers:
+  - {type: session-affinity, weight: 10, user_field: true}
+  - {type: load, weight: 1}
+"""
+
+
+@contextlib.contextmanager
+def huge_engine(answer_bytes: int) -> Iterator[str]:
+    """An OpenAI-compatible engine on loopback whose every chat answer is ``answer_bytes``
+    long (sent in 1 MiB writes with its Content-Length), in a thread; yields its URL."""
+    head = b'{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,'
+    head += b'"message":{"role":"assistant","content":"'
+    tail = b'"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,'
+    tail += b'"total_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}'
+    filler = answer_bytes - len(head) - len(tail)
+    piece = b"x" * MIB
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        out = web.StreamResponse(headers={"Content-Type": "application/json"})
+        out.content_length = answer_bytes
+        await out.prepare(request)
+        await out.write(head)
+        for _ in range(filler // MIB):
+            await out.write(piece)
+        await out.write(piece[: filler % MIB] + tail)
+        return out
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "sim-model"}]})
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response()
+
+    port = free_port()
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+
+    async def serve() -> web.AppRunner:
+        app = web.Application()
+        app.add_routes(
+            [
+                web.post("/v1/chat/completions", chat),
+                web.get("/v1/models", models),
+                web.get("/health", health),
+            ]
+        )
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return runner
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        runner = loop.run_until_complete(serve())
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    started.wait(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
 
 
 def status_kib(pid: int, field: str) -> int:
@@ -97,35 +189,46 @@ class HealthProbe(threading.Thread):
             self.stop.wait(self.interval)
 
 
-async def send_all(url: str, path: str, body: bytes, n: int) -> Counter[int]:
-    """``n`` copies of ``body`` at once; the statuses they were answered with."""
+async def send_all(url: str, path: str, bodies: list[bytes]) -> Counter[int]:
+    """Every body of ``bodies`` at once; the statuses they were answered with."""
     timeout = aiohttp.ClientTimeout(total=600)
     headers = {"Content-Type": "application/json"}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
 
-        async def one() -> int:
+        async def one(body: bytes) -> int:
             async with http.post(url + path, data=io.BytesIO(body), headers=headers) as r:
-                await r.read()
+                async for _ in r.content.iter_chunked(MIB):
+                    pass  # read at full speed, keep nothing
                 return r.status
 
-        return Counter(await asyncio.gather(*(one() for _ in range(n))))
+        return Counter(await asyncio.gather(*(one(body) for body in bodies)))
 
 
 def run_case(
-    case: str, engine: Proc, tmp: Path, procs: list[Proc], args: argparse.Namespace
+    case: str, engine: str, tmp: Path, procs: list[Proc], args: argparse.Namespace
 ) -> dict[str, object]:
     limit = args.body_mib * MIB
-    path, make = BODIES[case]
-    body = make(limit)
+    small = orjson.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "x"}]})
+    if case == "answers":
+        path, bodies = "/v1/chat/completions", [small] * args.answers
+    elif case == "users":
+        path, bodies = "/v1/chat/completions", user_bodies(limit, 4 * args.bodies)
+    else:
+        path, make = BODIES[case]
+        bodies = [make(limit)] * args.bodies
     config = tmp / f"serve-{case}.yaml"
     config.write_text(f"limits: {{max_body_bytes: {limit}}}\n")
+    if case == "users":  # sessions keyed by the body's user field
+        policy = tmp / "sessions.yaml"
+        policy.write_text(SESSION_POLICY)
+        config.write_text(f"limits: {{max_body_bytes: {limit}}}\npolicy: {policy}\n")
     command, cwd, env = CHECKOUT_KVROUTER, ROOT, None
     if args.checkout:
         cwd = Path(args.checkout).resolve()
         env = {"PYTHONPATH": str(cwd)}
     router = start_kvrouter(
-        ["serve", "--config", str(config), "--host", "127.0.0.1", "--backend", engine.url],
+        ["serve", "--config", str(config), "--host", "127.0.0.1", "--backend", engine],
         tmp,
         ready_path="/ready",
         command=command,
@@ -134,13 +237,17 @@ def run_case(
     )
     procs.append(router)
     pid = router.popen.pid
-    small = {"model": "sim-model", "prompt": "hello", "max_tokens": 1}
-    asyncio.run(send_all(router.url, "/v1/completions", orjson.dumps(small), 1))
+    asyncio.run(send_all(router.url, "/v1/chat/completions", [small]))
     baseline = status_kib(pid, "VmRSS")
     probe = HealthProbe(router.url)
     probe.start()
     try:
-        statuses = asyncio.run(send_all(router.url, path, body, args.bodies))
+        if case == "users":  # one at a time: what stays is what the router keeps
+            statuses = Counter[int]()
+            for body in bodies:
+                statuses += asyncio.run(send_all(router.url, path, [body]))
+        else:
+            statuses = asyncio.run(send_all(router.url, path, bodies))
     finally:
         probe.stop.set()
         probe.join()
@@ -150,7 +257,7 @@ def run_case(
     procs.remove(router)
     return {
         "case": case,
-        "body_mib": len(body) / MIB,
+        "body_mib": (args.answer_mib if case == "answers" else len(bodies[0]) / MIB),
         "baseline_mib": baseline / 1024,
         "peak_mib": peak / 1024,
         "growth_mib": (peak - baseline) / 1024,
@@ -164,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bodies", type=int, default=8, help="bodies sent at once")
     p.add_argument("--body-mib", type=int, default=16, help="limits.max_body_bytes, in MiB")
-    p.add_argument("--cases", nargs="+", choices=sorted(BODIES), default=["tokens", "messages"])
+    p.add_argument("--cases", nargs="+", choices=CASES, default=CASES)
+    p.add_argument("--answers", type=int, default=4, help="large answers at once")
+    p.add_argument("--answer-mib", type=int, default=200, help="size of each large answer")
     p.add_argument("--checkout", help="run kvrouter from this source tree instead")
     args = p.parse_args(argv)
     if not Path("/proc/self/status").exists():
@@ -176,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
         engine = start_kvrouter(["engine-sim", "--fast"], tmp_path)
         procs.append(engine)
         for case in args.cases:
-            rows.append(run_case(case, engine, tmp_path, procs, args))
+            if case == "answers":
+                with huge_engine(args.answer_mib * MIB) as url:
+                    rows.append(run_case(case, url, tmp_path, procs, args))
+            else:
+                rows.append(run_case(case, engine.url, tmp_path, procs, args))
     source = args.checkout or os.path.relpath(ROOT)
     print(f"kvrouter from {source}; {args.bodies} bodies at once,", end=" ")
     print(f"max_body_bytes {args.body_mib} MiB")

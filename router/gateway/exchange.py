@@ -35,12 +35,19 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import orjson
 from aiohttp import web
 
 from router.core.decision import Decision, Lease, RoutingCore, TokenPrompt
 from router.core.index import Delta
 from router.core.retry_budget import RetryBudget
+from router.gateway.answer import (
+    Answer,
+    EventStream,
+    HoldBudget,
+    ends_stream,
+    json_object,
+    relay_answer,
+)
 from router.gateway.auth import KEY_NAME
 from router.gateway.config import Forwarding, Limits, Timeouts
 from router.gateway.deadline import Deadline
@@ -64,14 +71,11 @@ from router.gateway.errors import (
 from router.gateway.flow import Admission, priority_of, tenant_of
 from router.gateway.inbound import BodyParser, Inbound, session_of
 from router.gateway.metrics import Metrics
-from router.gateway.relay import UsageTail, body_usage, client_headers, engine_headers
-from router.gateway.sse import DONE
+from router.gateway.relay import UsageTail, client_headers, engine_headers
 from router.gateway.upstream import Upstream, UpstreamRequest, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
-# A non-streamed answer is buffered; embeddings of large batches are the biggest in practice.
-MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 MAX_ERROR_BODY_BYTES = 1024 * 1024
 # Routes whose prompt tokens feed the cache hit ratio (embeddings have no prefix cache).
 GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -107,6 +111,8 @@ class Services:
     tokenize: Callable[[Inbound], Awaitable[TokenPrompt | None]] | None = None
     # Exchanges in flight, and the cut at the end of a stop's grace period.
     drain: Drain = field(default_factory=Drain)
+    # What non-streamed answers held until their end may take together (router.gateway.answer).
+    holds: HoldBudget = field(default_factory=HoldBudget)
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -141,40 +147,10 @@ def decide(
     return core.decide(inbound.text, cands, s.clock(), session, tokenized=tokenized)
 
 
-def _json_object(body: bytes) -> bool:
-    """True when ``body`` is a JSON object (an engine's error in a shape clients parse)."""
-    try:
-        return isinstance(orjson.loads(body), dict)
-    except orjson.JSONDecodeError:
-        return False
-
-
 def _stopping(deadline: Deadline) -> None:
     """Raise ``ShuttingDown`` when the gateway's stop, not the engine, ended the wait."""
     if deadline.was_cut:
         raise ShuttingDown("the gateway is shutting down; retry the request") from None
-
-
-def ends_stream(chunk: bytes, at_event: bool) -> bool:
-    """True when ``chunk`` ends with OpenAI's last event, ``data: [DONE]``, whole: after a blank
-    line in the chunk, or alone in it when the bytes before it ended an event (``at_event``).
-    Event data is JSON, which escapes line breaks, so a blank line only ever ends an event."""
-    if not chunk.endswith(DONE):
-        return False
-    before = len(chunk) - len(DONE)
-    return chunk.endswith(b"\n\n", 0, before) if before else at_event
-
-
-class EventStream(web.StreamResponse):
-    """A streamed response whose head leaves with its first bytes, in one send.
-
-    aiohttp's ``StreamResponse`` sends its head at ``prepare()``, one more syscall, TCP segment
-    and client wake-up per stream than needed; ``web.Response`` holds its head back for the
-    body through the class attribute below. It is private to aiohttp, so
-    tests/gateway/test_exchange.py pins that a stream's head and first event leave in one write.
-    """
-
-    _send_headers_immediately = False
 
 
 # X-Request-Id: the client's own when it is a plain token, else a new one.
@@ -390,16 +366,23 @@ class Exchange:
             if resp.status == 200 and ctype.startswith("text/event-stream") and first:
                 out, finished = await self._relay(resp, engine, first, deadline)
                 return out
-            body = await self._read_rest(resp, engine, first, MAX_RESPONSE_BYTES, deadline)
-            finished = True
-            self._answered(engine, resp.status)
-            if resp.status >= 400 and not _json_object(body):
-                snippet = body[:200].decode("utf-8", "replace")
-                log.warning("%s: %s refused with %d: %r", self.id, engine, resp.status, snippet)
-                raise EngineRefused(resp.status)
-            if resp.status == 200 and self.route in GENERATION_ROUTES:
-                self._count_usage(body_usage(body))
-            return web.Response(status=resp.status, body=body, headers=client_headers(resp.headers))
+            if resp.status >= 400:  # the engine's verdict on the request, relayed in shape
+                body = await self._read_rest(resp, engine, first, MAX_ERROR_BODY_BYTES, deadline)
+                finished = True
+                self._answered(engine, resp.status)
+                if not json_object(body):
+                    snippet = body[:200].decode("utf-8", "replace")
+                    log.warning("%s: %s refused with %d: %r", self.id, engine, resp.status, snippet)
+                    raise EngineRefused(resp.status)
+                return web.Response(
+                    status=resp.status, body=body, headers=client_headers(resp.headers)
+                )
+            answer = await relay_answer(
+                self.request, resp, first, lambda: self._next_chunk(resp, engine, deadline), s.holds
+            )
+            finished = answer.complete
+            self._settle(engine, resp.status, answer)
+            return answer.response
         finally:
             deadline.close()
             s.drain.forget(deadline)
@@ -408,6 +391,21 @@ class Exchange:
                     resp.release()
                 else:
                     resp.abort()
+
+    def _settle(self, engine: str, status: int, answer: Answer) -> None:
+        """Count a non-streamed answer by how its relay ended."""
+        if answer.broken is not None:
+            e = answer.broken
+            log.warning("%s %s: answer from %s broke off: %s", self.id, self.route, engine, e)
+            self.s.metrics.engine_request(engine, e.label)
+            self.s.pool.report_failure(engine, e.message)
+            self.status = e.status
+        elif answer.client_gone:
+            self.status = CLIENT_GONE
+        else:
+            self._answered(engine, status)
+            if status == 200 and self.route in GENERATION_ROUTES:
+                self._count_usage(answer.tail.json_usage())
 
     def _answered(self, engine: str, status: int) -> None:
         self.s.metrics.engine_request(engine, str(status))

@@ -185,6 +185,23 @@ class UsageTail:
             end = start
         return None
 
+    def json_usage(self) -> tuple[int, int] | None:
+        """(prompt, cached) tokens of a non-streamed JSON answer ending in this tail."""
+        data = b"".join(self._parts)
+        if not self._cut:
+            return body_usage(data)
+        # OpenAI's answers end with their usage object: take the last one, braces matched.
+        start = data.find(b"{", data.rfind(b'"usage"') + 1)
+        depth = 0
+        for end in range(max(start, 0), len(data) if start > 0 else 0):
+            depth += {0x7B: 1, 0x7D: -1}.get(data[end], 0)
+            if depth == 0:
+                try:
+                    return usage_counts(orjson.loads(data[start : end + 1]))
+                except orjson.JSONDecodeError:
+                    return None
+        return None
+
 
 _SEPARATORS = (b"\n\n", b"\r\r", b"\r\n\r\n")
 

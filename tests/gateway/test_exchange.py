@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.core.retry_budget import BudgetRules
+from router.gateway import answer as answer_module
 from router.gateway import exchange as exchange_module
 from router.gateway import sse
 from router.gateway.app import Gateway, build_app
@@ -782,7 +783,7 @@ async def test_event_stream_head_and_first_event_leave_in_one_write() -> None:
     request = make_mocked_request(
         "POST", CHAT, writer=writer, protocol=protocol, transport=transport
     )
-    out = exchange_module.EventStream(headers=SSE)
+    out = answer_module.EventStream(headers=SSE)
     await out.prepare(request)
     assert writes == []
     await out.write(b"data: 1\n\n")
@@ -969,7 +970,7 @@ EVENT = sse.encode(b'{"choices": [{"delta": {"content": "data: [DONE]"}}]}')
          "mid-line", "crlf"],
 )  # fmt: skip
 def test_ends_stream_only_a_whole_done_event(chunk: bytes, at_event: bool, ends: bool) -> None:
-    assert exchange_module.ends_stream(chunk, at_event) is ends
+    assert answer_module.ends_stream(chunk, at_event) is ends
 
 
 @pytest.mark.parametrize(
