@@ -124,8 +124,8 @@ DEFAULT_PORT = 8000
 class Listen:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
-    # /metrics on a port of its own (0: on the API port): the series name every engine, which
-    # clients of the API port need not see, and scrapers need no access to the API.
+    # /metrics on a port of its own (0: on the API port): its series carry every engine's URL
+    # as a label, which clients of the API need not see, and scrapers need no API access.
     metrics_port: int = 0
 
 
