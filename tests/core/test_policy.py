@@ -7,8 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from router.core.policy import SCORER_TYPES, PolicyError, load_policy, load_policy_text
+from router.core.policy import SCORER_TYPES, Policy, PolicyError, load_policy, load_policy_text
 from router.core.scoring import SCORERS
 from router.presets import NAMES, preset_path
 from tests.support import ROOT
@@ -140,3 +143,35 @@ def test_policy_chart_copy_equals_preset(name: str) -> None:
     # Helm can only package files inside the chart, so it carries copies of the presets.
     chart_copy = ROOT / "helm" / "kvrouter" / "policies" / f"{name}.yaml"
     assert chart_copy.read_text() == preset_path(name).read_text()
+
+
+policy_keys = st.sampled_from(
+    ["version", "name", "description", "block_chars", "scorers", "type", "weight", "metric",
+     "header", "user_field", "max_sessions", "wait_tokens", "running_tokens", "kv_pressure",
+     "picker", "cold_prefix", "ring", "epsilon", "filters", "index", "max_entries",
+     "ttl_seconds", "engine_capacity_tokens"]
+)  # fmt: skip
+policy_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**40), max_value=10**40)
+    | st.floats()
+    | st.text(max_size=12)
+    | st.sampled_from([*SCORER_TYPES, "requests", "tokens", "max-score", "ring", "score", "x"])
+)
+policies = st.recursive(
+    policy_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(policy_keys | st.integers(), inner),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(policies.map(yaml.safe_dump), st.text(max_size=200)))
+def test_fuzz_policy_any_file_policy_or_policy_error(text: str) -> None:
+    try:
+        got = load_policy_text(text, "fuzz.yaml")
+    except PolicyError as e:
+        assert str(e).startswith("fuzz.yaml: ")
+        return
+    assert isinstance(got, Policy) and got.name

@@ -295,7 +295,8 @@ config_keys = st.sampled_from(
      "connect_seconds", "limits", "max_body_bytes", "max_attempts", "max_connections",
      "header_timeout_seconds", "keepalive_timeout_seconds", "large_body_bytes",
      "max_large_body_parses", "admin_token_env", "gossip", "peers", "tls", "cert_file",
-     "flow_control", "max_queue"]
+     "flow_control", "max_queue", "metrics_port", "drain", "grace_seconds", "api_key_env",
+     "url", "auth", "forwarding", "kv_events", "engine_metrics"]
 )  # fmt: skip
 scalars = (
     st.none()
