@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from router.commands.traces import read_trace
 from router.core.engine_model import EngineSpec
 from router.core.policy import Policy, PolicyError, load_policy
-from router.core.simulator import Fleet, SimResult, simulate
+from router.core.simulator import Fleet, Outside, SimResult, simulate
 from router.core.workload import (
     HotspotSpec,
     SyntheticSpec,
@@ -81,7 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--requests", type=int, default=4000, help="with --synthetic: how many (4000)"
     )
-    parser.add_argument("--seed", type=int, default=7, help="with --synthetic: RNG seed (7)")
+    parser.add_argument(
+        "--seed", type=int, default=7, help="RNG seed of --synthetic and --bypass-share (7)"
+    )
     parser.add_argument(
         "--rate",
         type=float,
@@ -95,6 +97,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="engines report running, waiting and KV use this often, as the gateway scrapes "
         "them (0.5; 0: no reports, the router sees only what it sent)",
+    )
+    parser.add_argument(
+        "--bypass-share",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="send this share of the requests (seeded by --seed) straight to the engines, "
+        "round-robin, as clients that skip the router would (0)",
+    )
+    parser.add_argument(
+        "--restart-at",
+        type=float,
+        metavar="SHARE",
+        help="restart engine 0 (its cache emptied) when this share of the trace is due",
+    )
+    parser.add_argument(
+        "--index",
+        nargs="+",
+        choices=("approximate", "precise"),
+        default=["approximate"],
+        help="the router's index: approximate (what it routed) and/or precise (fed the "
+        "engines' KV cache events); each policy is replayed once per index (approximate)",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
 
@@ -160,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--engines must be at least 1, --speedup and --rate above 0")
         if args.report_interval < 0:
             raise ValueError("--report-interval must be 0 or more")
+        outside = Outside(args.bypass_share, args.restart_at, args.seed)
         trace: list[TraceRequest]
         chat = SyntheticSpec(requests=args.requests, seed=args.seed, rate_per_s=args.rate)
         if args.synthetic:
@@ -175,8 +200,10 @@ def run(args: argparse.Namespace) -> int:
         print("error: the trace has no requests", file=sys.stderr)
         return 1
     progress = _progress if sys.stderr.isatty() else None
-    fleet = Fleet(args.engines, spec, args.speedup, report_interval=args.report_interval)
-    results = simulate(policies, trace, fleet, progress)
+    fleet = Fleet(
+        args.engines, spec, args.speedup, report_interval=args.report_interval, outside=outside
+    )
+    results = simulate(policies, trace, fleet, progress, args.index)
     if args.json:
         print(json.dumps([r.as_dict() for r in results], indent=2))
     else:

@@ -81,11 +81,16 @@ class PrefixCache:
 
     def lookup_and_insert(self, keys: Sequence[int], prompt_tokens: int, now: float) -> int:
         """Cached tokens of a prompt whose full blocks are ``keys``; then cache them all."""
+        return self.admit(keys, prompt_tokens, now)[0]
+
+    def admit(self, keys: Sequence[int], prompt_tokens: int, now: float) -> tuple[int, list[int]]:
+        """``lookup_and_insert``, and the keys that caching the prompt evicted (what an engine
+        announces in its ``BlockRemoved`` events)."""
         hit = self._blocks.leading(list(keys)) * self.block_tokens
         # Deepest block first so the head of the prefix is evicted last, as engines do.
-        self._blocks.touch(keys[::-1], now)
+        evicted = self._blocks.touch(keys[::-1], now)
         # An engine always computes at least the last prompt token to produce the first output.
-        return min(hit, max(0, prompt_tokens - 1))
+        return min(hit, max(0, prompt_tokens - 1)), evicted
 
     def clear(self) -> None:
         self._blocks.clear()

@@ -11,6 +11,17 @@ The router's index is given each engine's true capacity (an operator who set
 (the router records its blocks then, as the gateway does on the first byte) and when it
 finishes (its load is released). ``decision_us`` is the CPU time of ``decide`` and ``acquire``.
 
+What the router does not control (``Outside``): a seeded share of the requests goes straight
+to the engines, round-robin, as clients that skip the router would (the engines cache them; an
+approximate index never hears of them), and engine 0 may restart part-way (its cache emptied;
+an approximate index still believes in it). With ``precise`` the router's index is fed the
+engines' own word instead, as their KV cache events do live: every admission's blocks stored
+and evicted, and the restart's clear, applied at once. Keys in that feed stand for token-exact
+keys: one id per engine block (the block's own chained key, cut to 32 bits), keyed with
+``token_keys`` at a block size of one id, so ``RoutingCore``'s precise path runs as it does
+live, without a tokenizer. The pooled reference is not restarted (there is no quarter of one
+engine to clear) and takes the bypassed requests like any other.
+
 With ``Fleet.report_interval`` set, every engine reports its running and waiting requests and
 its KV use (``engine_model.Occupancy``) to the core's ``LoadBook`` every that many seconds, as
 the gateway's /metrics scraper does: each decision sees a report up to one interval old,
@@ -20,13 +31,16 @@ blended with what the router sent since.
 from __future__ import annotations
 
 import heapq
+import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from router.core.decision import Lease, RoutingCore
+from router.core.blocks import CHARS_PER_TOKEN
+from router.core.decision import Lease, RoutingCore, TokenPrompt
 from router.core.engine_model import EngineClock, EngineSpec, Occupancy, PrefixCache
+from router.core.kv_events import Change, token_keys
 from router.core.load import EngineReport
 from router.core.policy import Policy
 from router.core.stats import percentile
@@ -60,6 +74,34 @@ class SimResult:
 
 
 @dataclass(frozen=True, slots=True)
+class Outside:
+    """What reaches the engines without the router: bypass traffic and an engine restart."""
+
+    bypass_share: float = 0.0  # of the requests, seeded, sent round-robin to the engines
+    restart_at: float | None = None  # engine 0 restarts when this share of requests is due
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.bypass_share < 1:
+            raise ValueError("the bypass share must be from 0 to below 1")
+        if self.restart_at is not None and not 0 <= self.restart_at <= 1:
+            raise ValueError("the restart point must be a share of the trace, from 0 to 1")
+
+    def bypass(self, requests: int, engines: int) -> list[int | None]:
+        """Per request, the engine it goes to straight (None: through the router)."""
+        rng = random.Random(self.seed)
+        turn = 0
+        out: list[int | None] = []
+        for _ in range(requests):
+            if rng.random() < self.bypass_share:
+                out.append(turn % engines)
+                turn += 1
+            else:
+                out.append(None)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class Fleet:
     """N engines of one spec (``capacity_tokens`` per engine) and the replay speed-up."""
 
@@ -70,6 +112,41 @@ class Fleet:
     report_interval: float = 0.0
     # A report older than this many intervals is ignored, as the gateway's default does.
     stale_after_intervals: int = 4
+    outside: Outside = field(default_factory=Outside)
+
+
+def _block_ids(engine_keys: Sequence[int]) -> list[int]:
+    # One id per engine block: the block's chained key (which names its whole prefix), cut to
+    # the 32 bits of a token id.
+    return [k & 0xFFFFFFFF for k in engine_keys]
+
+
+class _Events:
+    """The engines' KV cache events as a precise router receives them (no wire, no delay)."""
+
+    def __init__(self, core: RoutingCore, names: Sequence[str]) -> None:
+        self.core = core
+        # engine -> its block key -> the router's key for it (for removals)
+        self._keys: dict[str, dict[int, int]] = {name: {} for name in names}
+        for name in names:
+            core.set_precise(name, 1)
+
+    def admitted(
+        self, engine: str, keys: Sequence[int], evicted: Sequence[int], now: float
+    ) -> None:
+        """``engine`` cached a prompt's blocks ``keys``, evicting ``evicted``."""
+        known = self._keys[engine]
+        gone = [k for e in evicted if (k := known.pop(e, None)) is not None]
+        if gone:
+            self.core.observe(engine, Change(removed=tuple(gone)), now)
+        stored = token_keys(_block_ids(keys), 1)
+        known.update(zip(keys, stored, strict=True))
+        if stored:
+            self.core.observe(engine, Change(stored=tuple(stored)), now)
+
+    def cleared(self, engine: str, now: float) -> None:
+        self._keys[engine].clear()
+        self.core.observe(engine, Change(cleared=True), now)
 
 
 class _Engine:
@@ -114,8 +191,10 @@ def simulate_policy(
     trace: Sequence[TraceRequest],
     fleet: Fleet,
     progress: Progress | None = None,
+    *,
+    precise: bool = False,
 ) -> SimResult:
-    """Replay ``trace`` through ``policy`` on ``fleet``."""
+    """Replay ``trace`` through ``policy`` on ``fleet`` (``precise``: fed the engines' events)."""
     names = [f"engine-{i}" for i in range(fleet.engines)]
     core = RoutingCore(policy)
     core.set_engines(dict.fromkeys(names, 1))
@@ -123,6 +202,10 @@ def simulate_policy(
         core.index.add_engine(name, max(1, fleet.spec.capacity_tokens // policy.block_tokens))
     bt = _block_tokens(trace)
     engines = {name: _Engine(fleet.spec, bt) for name in names}
+    events = _Events(core, names) if precise else None
+    outside = fleet.outside
+    bypass = outside.bypass(len(trace), len(names))
+    restart = -1 if outside.restart_at is None else int(outside.restart_at * len(trace))
     every = fleet.report_interval
     core.loads.stale_after = every * fleet.stale_after_intervals
     next_report = 0.0
@@ -134,37 +217,55 @@ def simulate_policy(
     for i, req in enumerate(trace):
         now = req.timestamp / fleet.speedup
         while due and due[0][0] <= now:
-            at, kind, _, lease = heapq.heappop(due)
+            at, kind, _, ending = heapq.heappop(due)
             if kind == _FIRST_TOKEN:
-                core.record(lease, at)
+                core.record(ending, at)
             else:
-                core.release(lease)
+                core.release(ending)
         if every > 0 and now >= next_report:
             for name, eng in engines.items():
                 running, waiting, usage = eng.occupancy.report(now)
                 core.loads.engine_report(name, EngineReport(running, waiting, usage), now)
             next_report = now + every
-        body = req.request_body()
-        t0 = clock()
-        d = core.decide(body, names, now, session=req.session, prompt_tokens=req.prompt_tokens)
-        assert d.engine is not None  # every engine is a candidate
-        lease = core.acquire(d, d.engine, now)
-        decision_ns.append(clock() - t0)
-        engine = engines[d.engine]
-        hit = engine.cache.lookup_and_insert(req.engine_keys, req.prompt_tokens, now)
+        if i == restart:
+            engines[names[0]].cache.clear()
+            if events is not None:
+                events.cleared(names[0], now)
+        lease: Lease | None = None
+        straight = bypass[i]
+        if straight is None:
+            body = req.request_body()
+            t0 = clock()
+            tokenized = None
+            if events is not None:
+                ids = _block_ids(req.engine_keys)
+                tokenized = TokenPrompt(ids, text_chars=len(ids) * bt * CHARS_PER_TOKEN)
+            d = core.decide(body, names, now, req.session, req.prompt_tokens, tokenized=tokenized)
+            assert d.engine is not None  # every engine is a candidate
+            lease = core.acquire(d, d.engine, now)
+            decision_ns.append(clock() - t0)
+            name = d.engine
+        else:
+            name = names[straight]
+        engine = engines[name]
+        hit, evicted = engine.cache.admit(req.engine_keys, req.prompt_tokens, now)
+        if events is not None:
+            events.admitted(name, req.engine_keys, evicted, now)
         sched = engine.clock.admit(now, req.prompt_tokens - hit, req.output_tokens)
         if every > 0:
             engine.occupancy.add(sched, req.prompt_tokens, hit)
-        heapq.heappush(due, (sched.first_token, _FIRST_TOKEN, i, lease))
-        heapq.heappush(due, (sched.done, _DONE, i, lease))
+        if lease is not None:
+            heapq.heappush(due, (sched.first_token, _FIRST_TOKEN, i, lease))
+            heapq.heappush(due, (sched.done, _DONE, i, lease))
         ttfts.append(sched.ttft)
         prompt += req.prompt_tokens
         cached += hit
         if progress is not None and i % 256 == 0:
             progress(policy.name, i, len(trace))
+    name = f"{policy.name} (precise)" if precise else policy.name
     if progress is not None:
-        progress(policy.name, len(trace), len(trace))
-    return _summarise(policy.name, list(engines.values()), prompt, cached, ttfts, decision_ns)
+        progress(name, len(trace), len(trace))
+    return _summarise(name, list(engines.values()), prompt, cached, ttfts, decision_ns)
 
 
 def simulate_pooled(
@@ -190,8 +291,14 @@ def simulate(
     trace: Sequence[TraceRequest],
     fleet: Fleet,
     progress: Progress | None = None,
+    indexes: Sequence[str] = ("approximate",),
 ) -> list[SimResult]:
-    """One result per policy, then the pooled reference."""
-    results = [simulate_policy(p, trace, fleet, progress) for p in policies]
+    """One result per policy and index (``approximate``, ``precise``), then the pooled
+    reference."""
+    results = [
+        simulate_policy(p, trace, fleet, progress, precise=index == "precise")
+        for p in policies
+        for index in indexes
+    ]
     results.append(simulate_pooled(trace, fleet, progress))
     return results

@@ -12,12 +12,13 @@ import pytest
 from router.commands.traces import read_trace
 from router.core.engine_model import EngineClock, EngineSpec, PrefixCache
 from router.core.policy import load_policy
-from router.core.simulator import Fleet, simulate, simulate_policy
+from router.core.simulator import Fleet, Outside, simulate, simulate_policy
 from router.core.stats import percentile
 from router.core.workload import (
     MOONCAKE_BLOCK_TOKENS,
     SyntheticSpec,
     TraceFormatError,
+    TraceRequest,
     parse_record,
     synthetic,
 )
@@ -188,3 +189,80 @@ def test_simulate_engine_reports_change_the_decisions() -> None:
     seen = simulate_policy(policy, trace, Fleet(4, spec, report_interval=0.5))
     assert blind.requests == seen.requests == 400
     assert (blind.cached_tokens, blind.ttft_p99) != (seen.cached_tokens, seen.ttft_p99)
+
+
+def test_outside_bypass_is_seeded_round_robin_of_its_share() -> None:
+    plan = Outside(0.25, seed=3).bypass(2000, 4)
+    straight = [e for e in plan if e is not None]
+    assert 400 < len(straight) < 600
+    assert straight == [i % 4 for i in range(len(straight))]
+    assert plan == Outside(0.25, seed=3).bypass(2000, 4) != Outside(0.25, seed=4).bypass(2000, 4)
+    assert Outside().bypass(10, 4) == [None] * 10
+
+
+@pytest.mark.parametrize(
+    ("bypass", "restart"),
+    [
+        pytest.param(1.0, None, id="bypass_all"),
+        pytest.param(-0.1, None, id="bypass_negative"),
+        pytest.param(0.0, 1.5, id="restart_beyond_the_trace"),
+    ],
+)
+def test_outside_bad_values_refused(bypass: float, restart: float | None) -> None:
+    with pytest.raises(ValueError):
+        Outside(bypass, restart)
+
+
+def _two_turns(conversations: int) -> list[TraceRequest]:
+    # Every conversation's first turn (two Mooncake blocks), then every second turn (three).
+    first = [
+        {"timestamp": c, "input_length": 1024, "output_length": 1, "hash_ids": [100 + c, c]}
+        for c in range(conversations)
+    ]
+    second = [
+        {**r, "timestamp": 1000 + c, "input_length": 1536, "hash_ids": [100 + c, c, 500 + c]}
+        for c, r in enumerate(first)
+    ]
+    return [parse_record(r, f"r{i}") for i, r in enumerate([*first, *second])]
+
+
+def test_simulate_precise_index_follows_traffic_that_bypassed_the_router() -> None:
+    trace = _two_turns(40)
+    kv = load_policy(preset_path("kv-aware"))
+    seen = Fleet(4, SPEC)
+    approx, precise = (simulate_policy(kv, trace, seen, precise=p) for p in (False, True))
+    # The router sees everything: both indexes know the same.
+    assert approx.cached_tokens == precise.cached_tokens > 0
+    assert precise.policy == "kv-aware (precise)"
+    half = Fleet(4, SPEC, outside=Outside(0.5, seed=2))
+    approx, precise = (simulate_policy(kv, trace, half, precise=p) for p in (False, True))
+    # A routed second turn finds the engine its bypassed first turn went to only with events.
+    assert precise.cached_tokens > approx.cached_tokens
+    plan = Outside(0.5, seed=2).bypass(len(trace), 4)
+    routed_seconds = sum(1 for e in plan[40:] if e is None)
+    assert precise.cached_tokens >= routed_seconds * 1024
+
+
+def test_simulate_restart_empties_engine_zero() -> None:
+    trace = _two_turns(40)
+    kv = load_policy(preset_path("kv-aware"))
+    plain = simulate_policy(kv, trace, Fleet(4, SPEC), precise=True)
+    restarted = Fleet(4, SPEC, outside=Outside(restart_at=0.5))
+    for precise in (False, True):
+        got = simulate_policy(kv, trace, restarted, precise=precise)
+        # Engine 0 lost the first turns it held: their second turns miss, wherever they go.
+        assert got.cached_tokens < plain.cached_tokens
+
+
+def test_simulate_cli_bypass_restart_and_both_indexes() -> None:
+    cmd = [
+        sys.executable, "-m", "router.cli", "simulate", "--trace", str(SAMPLE), "--engines",
+        "4", "--bypass-share", "0.2", "--restart-at", "0.5", "--index", "approximate",
+        "precise", "--json",
+    ]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert [r["policy"] for r in rows] == ["kv-aware", "kv-aware (precise)", "pooled-reference"]
+    bad = subprocess.run([*cmd, "--bypass-share", "1"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 1 and "bypass share" in bad.stderr
