@@ -134,6 +134,12 @@ def main() -> None:
     ap.add_argument("--urgent", type=float, default=0.1, help="share at priority -1")
     ap.add_argument("--reserve", type=int, default=1, help="slots per engine for priority < 0")
     ap.add_argument("--no-flow-control", action="store_true", help="the baseline")
+    ap.add_argument(
+        "--waiting-threshold",
+        type=int,
+        default=1,
+        help="flow_control.engine_waiting_threshold (0: ignore the engines' reports)",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d, running([]) as procs:
         tmp = Path(d)
@@ -145,7 +151,8 @@ def main() -> None:
         cap = 0 if args.no_flow_control else args.batch
         config.write_text(
             f"flow_control: {{max_inflight_per_engine: {cap}, max_wait_seconds: 10, "
-            f"priority_reserve: {args.reserve if cap else 0}}}\n"
+            f"priority_reserve: {args.reserve if cap else 0}, "
+            f"engine_waiting_threshold: {args.waiting_threshold}}}\n"
             "limits: {max_attempts: 1}\n"
         )
         cmd = ["serve", "--config", str(config), "--host", "127.0.0.1", "--policy", "least-load"]

@@ -168,6 +168,15 @@ class LoadBook:
         r = self._fresh(engine, now)
         return None if r is None else r.report
 
+    def queued(self, engine: str, now: float) -> int | None:
+        """Requests waiting inside ``engine`` now, by its fresh report (None: no report).
+
+        Each local request that finished since the report let one waiting request into the
+        batch: a queue of one seen at the moment a slot changed hands is gone, not a queue.
+        """
+        r = self._fresh(engine, now)
+        return None if r is None else max(0, r.report.waiting - r.done)
+
     def _fresh(self, engine: str, now: float) -> _Reported | None:
         r = self._reported.get(engine)
         return None if r is None or now - r.at > self.stale_after else r

@@ -112,11 +112,14 @@ class Admission:
 
     def _reported_full(self, engine: str) -> bool:
         """The engine's own fresh report says it is full (see FlowControl's thresholds)."""
-        r = self._core.loads.reported(engine, self._clock())
+        now = self._clock()
+        r = self._core.loads.reported(engine, now)
         if r is None:
             return False
         w, kv = self.rules.engine_waiting_threshold, self.rules.engine_kv_usage_threshold
-        return bool((w and r.waiting >= w) or (kv and r.kv_usage >= kv))
+        return bool(
+            (w and (self._core.loads.queued(engine, now) or 0) >= w) or (kv and r.kv_usage >= kv)
+        )
 
     @property
     def waiting(self) -> int:

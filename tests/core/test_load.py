@@ -39,6 +39,22 @@ def test_loadbook_sent_after_report_added_not_double_counted() -> None:
     assert book.requests([E], now=1.6) == [4]
 
 
+def test_loadbook_queue_seen_at_a_handoff_is_gone_once_local_requests_finish() -> None:
+    book = LoadBook()
+    assert book.queued(E, now=1.0) is None  # no report: nothing known
+    book.acquire(E, 10, now=0.5)
+    book.acquire(E, 10, now=0.6)
+    book.engine_report(E, EngineReport(running=8, waiting=2), at=1.0)
+    assert book.queued(E, now=1.1) == 2
+    book.release(E, 10, sent_at=0.5)  # its slot went to one of the waiting requests
+    assert book.queued(E, now=1.2) == 1
+    book.release(E, 10, sent_at=0.6)
+    book.acquire(E, 10, now=1.3)
+    book.release(E, 10, sent_at=1.3)  # sent after the report: it never was in its queue
+    assert book.queued(E, now=1.4) == 0
+    assert book.queued(E, now=1.0 + book.stale_after + 0.1) is None  # stale: unknown
+
+
 def test_loadbook_never_below_own_in_flight() -> None:
     book = LoadBook()
     for t in (0.1, 0.2, 0.3):
