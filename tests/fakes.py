@@ -173,7 +173,14 @@ class FakeUpstream:
         self.responses.append(resp)
         return resp
 
-    async def fetch(self, engine: str, path: str, seconds: float) -> tuple[int, bytes]:
+    async def fetch(
+        self,
+        engine: str,
+        path: str,
+        seconds: float,
+        body: bytes | None = None,
+        limit: int = 0,
+    ) -> tuple[int, bytes]:
         fake = self.engines.get(engine)
         if fake is None:
             raise UpstreamConnectError(f"cannot connect to {engine} (fake)")

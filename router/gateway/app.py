@@ -171,7 +171,10 @@ class Gateway:
         if kv.enabled:
             self.kv_events = Subscriber(self.core, kv, self._healthy, self.event_metrics, clock)
             self.tokenizer = Tokenizer(
-                kv.tokenize_timeout_seconds, self._precise_engines, self._tokenized
+                kv.tokenize_timeout_seconds,
+                self._precise_engines,
+                self._tokenized,
+                upstream=self.upstream,  # the engines' API keys go with every call
             )
         # Client connections of this process: the cap and the header deadline (runtime).
         self.connections = Connections(config.limits)

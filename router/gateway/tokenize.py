@@ -35,19 +35,22 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import aiohttp
 import orjson
 
 from router.core.blocks import CHARS_PER_TOKEN, RoutingText, block_keys
 from router.core.decision import TokenPrompt
 from router.core.kv_events import token_array
+from router.gateway.errors import UpstreamError
 from router.gateway.inbound import Inbound
+from router.gateway.upstream import HttpUpstream, Upstream
 
 log = logging.getLogger(__name__)
 
 # About 4 bytes per cached id, plus its text (about 4 bytes a token): tens of MB at most.
 CACHE_TOKENS = 4_000_000
 MAX_TOKENS = 1 << 20
+# The JSON of MAX_TOKENS ids, about 8 bytes each, and the answer's other fields.
+MAX_ANSWER_BYTES = 9 * MAX_TOKENS
 # Heads are found by chained keys of this many characters of routing text: a prompt is
 # looked up with one dict probe per chunk, deepest first.
 HEAD_CHUNK_CHARS = 512
@@ -77,8 +80,9 @@ class Tokenizer:
         timeout_seconds: float,
         engines: Callable[[str], Sequence[str]],
         observe: Callable[[float, bool], None] = lambda _s, _ok: None,
+        upstream: Upstream | None = None,
     ) -> None:
-        self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self.timeout = timeout_seconds
         self.engines = engines  # model -> precise engines serving it
         self.observe = observe  # (seconds, succeeded)
         self._cache: OrderedDict[RoutingText, _Entry] = OrderedDict()
@@ -87,7 +91,9 @@ class Tokenizer:
         self._held = 0
         self._turn = itertools.count()
         self._background: dict[RoutingText, asyncio.Task[None]] = {}
-        self._http: aiohttp.ClientSession | None = None
+        # The gateway's own (engines' API keys included); else one of the tokenizer's own.
+        self._owned = upstream is None
+        self._upstream: Upstream = upstream or HttpUpstream(timeout_seconds)
 
     async def close(self) -> None:
         """Stop background calls and close the client session."""
@@ -98,8 +104,8 @@ class Tokenizer:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._background.clear()  # a task cancelled before it ran never removed itself
-        if self._http is not None:
-            await self._http.close()
+        if self._owned:
+            await self._upstream.close()
 
     @property
     def pending(self) -> int:
@@ -190,24 +196,21 @@ class Tokenizer:
                 req["tools"] = body["tools"]
         else:
             req["prompt"] = body.get("prompt", body.get("input"))
-        if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=self.timeout)
         t = time.perf_counter()
         try:
-            async with self._http.post(
-                engine + "/tokenize", data=orjson.dumps(req),
-                headers={"Content-Type": "application/json"},
-            ) as resp:  # fmt: skip
-                if resp.status != 200:
-                    raise ValueError(f"status {resp.status}")
-                got = orjson.loads(await resp.read())
+            status, raw = await self._upstream.fetch(
+                engine, "/tokenize", self.timeout, orjson.dumps(req), MAX_ANSWER_BYTES
+            )
+            if status != 200:
+                raise ValueError(f"status {status}")
+            got = orjson.loads(raw)
             tokens = got.get("tokens") if isinstance(got, dict) else None
             if not isinstance(tokens, list) or len(tokens) > MAX_TOKENS:
                 raise ValueError("no 'tokens' array")
             ids = token_array(tokens)
             if ids is None:
                 raise ValueError("'tokens' holds something other than 32-bit token ids")
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+        except (UpstreamError, ValueError) as e:  # orjson's decode error is a ValueError
             log.debug("tokenize on %s failed: %s", engine, e)
             self.observe(time.perf_counter() - t, False)
             return None

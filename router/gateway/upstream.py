@@ -97,9 +97,17 @@ class Upstream(Protocol):
         end) arrived; raises ``UpstreamError``."""
         ...
 
-    async def fetch(self, engine: str, path: str, seconds: float) -> tuple[int, bytes]:
-        """GET ``path`` of ``engine`` (a probe, a model list, its metrics) within ``seconds``;
-        raises ``UpstreamError``."""
+    async def fetch(
+        self,
+        engine: str,
+        path: str,
+        seconds: float,
+        body: bytes | None = None,
+        limit: int = MAX_FETCH_BYTES,
+    ) -> tuple[int, bytes]:
+        """GET ``path`` of ``engine`` (a probe, a model list, its metrics), or POST ``body``
+        (JSON) to it, within ``seconds``; at most ``limit`` bytes of the answer are read.
+        Raises ``UpstreamError``."""
         ...
 
     async def close(self) -> None:
@@ -441,21 +449,32 @@ class HttpUpstream:
             raise
         return _Response(conn, parser)
 
-    async def fetch(self, engine: str, path: str, seconds: float) -> tuple[int, bytes]:
-        headers = (("Accept-Encoding", "identity"),)
+    async def fetch(
+        self,
+        engine: str,
+        path: str,
+        seconds: float,
+        body: bytes | None = None,
+        limit: int = MAX_FETCH_BYTES,
+    ) -> tuple[int, bytes]:
+        headers: tuple[tuple[str, str], ...] = (("Accept-Encoding", "identity"),)
+        method = "GET" if body is None else "POST"
+        if body is not None:
+            headers += (("Content-Type", "application/json"),)
         resp: UpstreamResponse | None = None
         try:
             async with asyncio.timeout(seconds):
-                resp = await self.send(UpstreamRequest(engine, path, headers, b"", "GET"))
+                request = UpstreamRequest(engine, path, headers, body or b"", method)
+                resp = await self.send(request)
                 parts: list[bytes] = []
                 size = 0
-                while size < MAX_FETCH_BYTES and (chunk := await resp.read_chunk()):
+                while size < limit and (chunk := await resp.read_chunk()):
                     parts.append(chunk)
                     size += len(chunk)
-                return resp.status, b"".join(parts)[:MAX_FETCH_BYTES]
+                return resp.status, b"".join(parts)[:limit]
         except TimeoutError:
             raise UpstreamTimeout(
-                f"GET {engine}{path} timed out after {seconds:g}s", engine
+                f"{method} {engine}{path} timed out after {seconds:g}s", engine
             ) from None
         finally:
             if resp is not None:

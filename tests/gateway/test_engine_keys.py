@@ -6,13 +6,16 @@ import os
 import subprocess
 from pathlib import Path
 
+import orjson
 import pytest
 from aiohttp import web
 
 from router.core.fields import ConfigError
 from router.gateway.config import load_config_text, with_overrides
 from router.gateway.engine_keys import EngineKeys
+from router.gateway.tokenize import Tokenizer
 from router.gateway.upstream import HttpUpstream, UpstreamRequest
+from tests.gateway.test_tokenize import engines, inbound, words
 from tests.support import (
     CHECKOUT_KVROUTER,
     LOOPBACK,
@@ -148,3 +151,22 @@ def test_engine_with_api_key_probed_listed_scraped_and_served(tmp_path: Path) ->
         gone = subprocess.run(args, env=env, capture_output=True, timeout=60, check=False)
         assert gone.returncode == 2
         assert b"ENGINE_KEY is unset or empty" in gone.stderr and b"Traceback" not in gone.stderr
+
+
+async def test_tokenizer_calls_carry_the_engines_key() -> None:
+    keys_seen: list[str | None] = []
+
+    async def keyed(request: web.Request) -> web.Response:
+        keys_seen.append(request.headers.get("Authorization"))
+        return web.Response(body=orjson.dumps({"tokens": [1, 2, 3], "count": 3}))
+
+    async with engines(1, keyed) as (urls, _asked):
+        up = HttpUpstream(2, authorization={urls[0]: "Bearer sk-engine"}.get)
+        tok = Tokenizer(2.0, lambda _model: urls, upstream=up)
+        try:
+            got = await tok(inbound(words(0, 10)))
+        finally:
+            await tok.close()
+            await up.close()  # the gateway's: the tokenizer leaves it open
+    assert got is not None and list(got.token_ids) == [1, 2, 3]
+    assert keys_seen == ["Bearer sk-engine"]
