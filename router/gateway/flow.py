@@ -175,8 +175,13 @@ class Admission:
         m.admitted.labels("queued").inc()
 
     def _give_up(self, w: Waiter[_Slot]) -> None:
-        """``w`` will not go: out of the queue, or, woken already, its slot handed on."""
-        if not self._queue.remove(w):
+        """``w`` will not go: out of the queue, or, woken already, its slot handed on.
+
+        A waiter cancelled while queued may have been dropped by ``pump`` already (its future
+        was done); only one that was woken holds a pending slot to hand on.
+        """
+        fut = w.payload[0]
+        if not self._queue.remove(w) and fut.done() and not fut.cancelled():
             self._pending -= 1
             self.pump()
 

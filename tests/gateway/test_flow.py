@@ -226,3 +226,35 @@ async def test_flow_engine_reporting_a_queue_holds_requests_until_it_drains(
 async def _reported_waiting(r: Rig, n: int) -> bool:
     report = r.gw.core.loads.reported(A, r.gw.clock())
     return report is not None and report.waiting == n
+
+
+async def test_flow_waiter_cancelled_then_dropped_by_pump_leaves_the_cap_intact(
+    tmp_path: Path,
+) -> None:
+    """A waiter whose wait ends (its client left, or max_wait passed) may be dropped by a
+    pump before its task runs again; it held no slot and must not free one."""
+    gate = asyncio.Event()
+    async with rig(tmp_path, FakeEngine(A), **one_slot()) as r:
+        r.up.next(gated(gate))
+        first = asyncio.create_task(r.post(CHAT, chat("first")))
+        await until(lambda: _sent(r, 1), "the first request at the engine")
+        adm = r.gw.admission
+        leaving = asyncio.create_task(adm.enter([A], 0, "t"))
+        await until(lambda: _waiting(adm, 1), "a waiter queued")
+        leaving.cancel()  # cancels the future it awaits at once; the task runs later
+        adm.pump()  # meanwhile: sees a done future at the head and drops it
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+        # The engine is still full: the next request must wait, not pass.
+        second = asyncio.create_task(r.post(CHAT, chat("second")))
+        await until(lambda: _depth_is(r, 1), "the second request queued")
+        for _ in range(5):
+            adm.pump()
+            await asyncio.sleep(0.01)
+        assert r.up.sent == [A] and not second.done()
+        gate.set()
+        assert [(await first)[0], (await second)[0]] == [200, 200]
+
+
+async def _waiting(adm: Any, n: int) -> bool:
+    return bool(adm.waiting == n)
