@@ -157,6 +157,9 @@ class Admission:
             raise TooBusy(
                 "the fleet is full and so is the wait queue", self.rules.retry_after_seconds
             )
+        # It may go first in line and find room others could not (a slot kept for urgent
+        # requests): let it go now rather than at the next request's end or the next timer.
+        self.pump()
         t0 = self._clock()
         try:
             async with asyncio.timeout(self.rules.max_wait_seconds):

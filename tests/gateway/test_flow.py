@@ -12,7 +12,7 @@ import pytest
 
 from router.gateway.config import EngineMetrics, FlowControl, Timeouts
 from router.gateway.errors import BadRequest
-from router.gateway.flow import priority_of, tenant_of
+from router.gateway.flow import Admission, priority_of, tenant_of
 from tests.fakes import FakeEngine, Script, openai_answer
 from tests.gateway.test_exchange import CHAT, Rig, assert_all_released, chat, rig
 
@@ -258,3 +258,29 @@ async def test_flow_waiter_cancelled_then_dropped_by_pump_leaves_the_cap_intact(
 
 async def _waiting(adm: Any, n: int) -> bool:
     return bool(adm.waiting == n)
+
+
+async def test_flow_urgent_request_finding_a_reserved_slot_goes_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With others queued, an urgent request that a reserved slot can take goes when it
+    arrives: not at the next request's end, nor at the next pump of the timer (off here)."""
+
+    async def no_timer(_self: Admission, interval: float = 0.0) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(Admission, "pump_loop", no_timer)
+    gate = asyncio.Event()
+    async with rig(
+        tmp_path, FakeEngine(A), **one_slot(max_inflight_per_engine=2, priority_reserve=1)
+    ) as r:
+        r.up.next(gated(gate), gated(gate))
+        first = asyncio.create_task(r.post(CHAT, chat("first")))
+        await until(lambda: _sent(r, 1), "the first request at the engine")
+        normal = asyncio.create_task(r.post(CHAT, chat("normal")))
+        await until(lambda: _depth_is(r, 1), "the normal request queued at the reserve")
+        hdr = {"x-kvrouter-priority": "-1"}
+        urgent = asyncio.create_task(r.post(CHAT, chat("urgent"), headers=hdr))
+        await until(lambda: _sent(r, 2), "the urgent request at the engine")
+        gate.set()
+        assert [(await t)[0] for t in (first, normal, urgent)] == [200, 200, 200]
