@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from router.gateway.errors import UpstreamError
+from router.gateway.errors import ShuttingDown, UpstreamError
 from router.gateway.relay import UsageTail, client_headers
 from router.gateway.sse import DONE
 from router.gateway.upstream import UpstreamResponse
@@ -60,6 +60,7 @@ class Answer:
     complete: bool = False  # the engine's whole body was read and sent on
     broken: UpstreamError | None = None  # the engine failed once the client had bytes
     client_gone: bool = False
+    stopped: bool = False  # cut short by the gateway's stop (router.gateway.drain)
 
 
 async def relay_answer(
@@ -123,8 +124,11 @@ async def _pass_on(
         answer.complete = True
     except ConnectionResetError:
         answer.client_gone = True
-    except UpstreamError as e:
-        answer.broken = e
+    except (UpstreamError, ShuttingDown) as e:
+        if isinstance(e, UpstreamError):
+            answer.broken = e
+        else:
+            answer.stopped = True
         out.force_close()
         if request.transport is not None:
             request.transport.abort()  # no end: the client must not take it for a whole answer

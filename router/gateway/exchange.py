@@ -402,6 +402,8 @@ class Exchange:
             self.status = e.status
         elif answer.client_gone:
             self.status = CLIENT_GONE
+        elif answer.stopped:
+            self.status = ShuttingDown.status
         else:
             self._answered(engine, status)
             if status == 200 and self.route in GENERATION_ROUTES:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import aiohttp
@@ -118,3 +119,19 @@ def test_usage_tail_reads_a_json_answers_final_usage(
         for i in range(0, len(chunk), 7):  # tiny pieces: the tail keeps whole ones
             tail.feed(chunk[i : i + 7])
     assert tail.json_usage() == expected
+
+
+async def test_large_answer_cut_by_the_gateways_stop_is_a_short_read_not_the_engines_fault(
+    tmp_path: Path,
+) -> None:
+    chunks = big_answer(4 * HOLD_BYTES)
+    async with rig(tmp_path) as r:
+        r.up.next(Script(chunks=list(chunks), hang_after=len(chunks) // 2))
+        async with r.client.post(CHAT, json=chat()) as resp:
+            assert resp.status == 200
+            await resp.content.readexactly(HOLD_BYTES)  # past the hold: being passed on
+            await r.gw.drain.run(0.0, time.monotonic)  # the grace is over at once
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.read()
+        assert await r.metric("kvrouter_requests_total", code="503") == 1
+        assert await r.metric("kvrouter_backend_requests_total", code="error") == 0
