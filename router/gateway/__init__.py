@@ -10,8 +10,11 @@ One request, one ``exchange``; the rest serve it:
 - ``flow``: flow control, the bounded fair queue in front of a full fleet; ``auth``: client
   API keys.
 - ``inbound``: the request body parsed once, and the few fields routing needs, checked.
-- ``upstream``: the one seam to the engines, pooled HTTP/1.1 connections, failures mapped in
-  one place; ``http1``: its request and response framing, no I/O.
+- ``upstream``: the one seam to the engines, failures mapped in one place; ``engine_conn``:
+  its keep-alive connections and their pool; ``http1``: its request and response framing, no
+  I/O.
+- ``answer``: how an engine's answer reaches the client (non-streamed ones held only while
+  small); ``engine_keys``: the API key each engine is sent; ``drain``: the stop's grace period.
 - ``relay``: which headers cross each way, and the ``usage`` read from answers.
 - ``sse``: Server-Sent Events framing, no I/O.
 - ``errors``: the error tree, and the one place that renders errors in OpenAI's shape.

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from router.enginesim.app import serving
 from router.enginesim.engine import SimSettings
 from router.gateway import upstream as upstream_mod
+from router.gateway.engine_conn import READ_HIGH_WATER_BYTES, nodelay_socket
 from router.gateway.errors import (
     BadRequest,
     UpstreamConnectError,
@@ -32,13 +33,7 @@ from router.gateway.errors import (
     UpstreamTimeout,
 )
 from router.gateway.http1 import MAX_HEAD_BYTES, ResponseParser, WireError, request_bytes
-from router.gateway.upstream import (
-    READ_HIGH_WATER_BYTES,
-    HttpUpstream,
-    UpstreamRequest,
-    UpstreamResponse,
-    nodelay_socket,
-)
+from router.gateway.upstream import HttpUpstream, UpstreamRequest, UpstreamResponse
 from tests.support import LOOPBACK, free_port
 
 CHAT = "/v1/chat/completions"
