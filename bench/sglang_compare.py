@@ -51,7 +51,24 @@ as an operator would set it. Outputs
 are cut to ``--max-output-tokens`` (0: the trace's own) to keep the client's and routers'
 per-token work small on a small machine; prefill, which the cache saves, is unchanged.
 Reports the engines' prefix-cache hit ratio (GET /stats), TTFT at the client, throughput,
-each engine's share of requests (max / mean), the router's CPU per request and failures.
+each engine's share of requests and of busy time (max / mean), the router's CPU per request
+and failures. Busy time is the simulator's imbalance measure, from the engines' counters:
+uncached prompt tokens / prefill rate + output tokens / decode rate.
+
+``--quality --hotspot`` replays the simulator's hotspot workload instead of a trace
+(``router.core.workload.hotspot``, the records ``kvrouter simulate --hotspot`` runs: chat
+requests to the chat endpoint, with their arrival times and output lengths): the simulator's
+multi-tenant chat at ``--hotspot-rate`` requests/s (default 1 per engine, as the simulator's 8
+at 8 engines), plus one document (25,000 characters: 6,250 tokens as kvrouter and engine-sim
+count) in 20% of requests, 45% during the burst from 120 s to 240 s at 1.5x the rate, answered
+at length; ``--hotspot-requests`` of them (default 375 per engine: about 315 s of trace time).
+Time is compressed by ``--speedup`` (default 3) and the engines are the simulator's
+(``EngineSpec``: 400,000 cache tokens, 10,000 prefill tokens/s, 40 decode tokens/s, max batch
+32) that much faster, so every duration is the simulator's divided by ``--speedup`` (except
+the routers' own clocks, such as kvrouter's 0.5 s scrape of the engines' /metrics). Outputs
+are divided by ``--output-scale`` (default 8, 0 or 1: as generated) and the decode rate with
+them: a request holds its batch slot as long as in the simulator, while the client and the
+routers relay 8x fewer chunks.
 
     python -m bench.sglang_compare [--overhead] [--quality]
         [--engines 1] [--requests 300] [--load-requests 2000] [--concurrency 32 256]
@@ -60,14 +77,20 @@ each engine's share of requests (max / mean), the router's CPU per request and f
         [--trace ../shared/data/conversation_trace.jsonl] [--limit 2000] [--speedup 6]
         [--engines-quality 4] [--kv-capacity-tokens 1000000] [--prefill-tokens-per-s 80000]
         [--decode-tokens-per-s 100] [--max-batch 16] [--max-output-tokens 64]
+        [--hotspot [--hotspot-requests N] [--hotspot-rate R] [--output-scale 8]]
+        [--routers ROUTER ...]
+
+(Engine and replay defaults shown are the trace's; ``--hotspot`` has its own, above.)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -94,13 +117,15 @@ from bench.common import (
     read_stream,
     tree_cpu_seconds,
 )
+from router.core.engine_model import EngineSpec
 from router.core.stats import percentile
-from router.core.workload import TraceRequest, from_mooncake
+from router.core.workload import HotspotSpec, SyntheticSpec, TraceRequest, from_mooncake, hotspot
 from router.presets import preset_text
 from tests.support import LOOPBACK, Proc, free_port, running, start_kvrouter
 
 MODEL = "sim-model"
 COMPLETIONS = "/v1/completions"
+CHAT_COMPLETIONS = "/v1/chat/completions"
 STARTUP_TIMEOUT_S = 60.0
 # A replayed request that has not finished by then counts as failed (the engines are quick).
 REQUEST_TIMEOUT_S = 300.0
@@ -473,6 +498,66 @@ def load_trace(path: Path, limit: int) -> list[TraceRequest]:
     return out
 
 
+# The hotspot's trace time per engine's worth of requests: 375 at 1 request/s per engine end
+# 75 s after the burst (120 s at the rate, 120 s at 1.5x, 75 s at the rate).
+HOTSPOT_REQUESTS_PER_ENGINE = 375
+HOTSPOT_SPEEDUP = 3.0
+HOTSPOT_OUTPUT_SCALE = 8
+TRACE_DEFAULTS = {
+    "speedup": 6.0,
+    "kv_capacity_tokens": 1_000_000,
+    "prefill_tokens_per_s": 80_000.0,
+    "decode_tokens_per_s": 100.0,
+    "max_batch": 16,
+    "max_output_tokens": 64,
+}
+
+
+def resolve_quality(args: argparse.Namespace) -> None:
+    """Fill the quality settings left unset with the workload's defaults.
+
+    A trace keeps the settings its RESULTS tables ran with. The hotspot runs the simulator's
+    engines ``--speedup`` times faster, and with outputs ``--output-scale`` times shorter, the
+    decode rate that much slower per token, so that time in a batch slot is unchanged.
+    """
+    scale = max(1, args.output_scale)
+    if args.hotspot:
+        spec = EngineSpec()
+        speedup = args.speedup or HOTSPOT_SPEEDUP
+        defaults: dict[str, float] = {
+            "speedup": speedup,
+            "kv_capacity_tokens": spec.capacity_tokens,
+            "prefill_tokens_per_s": spec.prefill_tokens_per_s * speedup,
+            "decode_tokens_per_s": spec.decode_tokens_per_s * speedup / scale,
+            "max_batch": spec.max_batch,
+            "max_output_tokens": 0,
+        }
+        if args.hotspot_rate is None:
+            args.hotspot_rate = float(args.engines_quality)
+        if args.hotspot_requests is None:
+            args.hotspot_requests = HOTSPOT_REQUESTS_PER_ENGINE * args.engines_quality
+    else:
+        defaults = dict(TRACE_DEFAULTS)
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, type(TRACE_DEFAULTS[name])(value))
+
+
+def hotspot_trace(requests: int, rate: float, output_scale: int) -> list[TraceRequest]:
+    """The simulator's hotspot records (``kvrouter simulate --hotspot``, seed 7), with every
+    output divided by ``output_scale`` (rounded up)."""
+    chat = SyntheticSpec(requests=requests, rate_per_s=rate)
+    trace = list(hotspot(HotspotSpec(chat=chat)))
+    if output_scale <= 1:
+        return trace
+    out = []
+    for r in trace:
+        tokens = math.ceil(r.output_tokens / output_scale)
+        body = dict(r.request_body(), max_tokens=tokens)
+        out.append(dataclasses.replace(r, body=body, output_tokens=tokens))
+    return out
+
+
 def trace_reuse(trace: Sequence[TraceRequest]) -> float:
     """Share of prompt tokens an infinite cache would serve: leading blocks seen before."""
     seen: set[int] = set()
@@ -528,8 +613,9 @@ async def _send(
     http: aiohttp.ClientSession, url: str, req: TraceRequest, max_output: int, out: Replay
 ) -> None:
     data = replay_body(req, max_output)
+    path = CHAT_COMPLETIONS if "messages" in req.request_body() else COMPLETIONS
     try:
-        got = await read_stream(http, url + COMPLETIONS, data)
+        got = await read_stream(http, url + path, data)
     except (TimeoutError, aiohttp.ClientError) as e:
         out.fail(type(e).__name__)
         return
@@ -615,9 +701,23 @@ class QualityRow:
         mean = sum(counts) / len(counts)
         return (max(counts) / mean if mean else 0.0), counts
 
+    def busy_share(self, prefill_tokens_per_s: float, decode_tokens_per_s: float) -> float:
+        """Busiest engine's busy time over the mean (the simulator's load imbalance)."""
+        busy = [
+            (s["prompt_tokens"] - s["cached_tokens"]) / prefill_tokens_per_s
+            + s["completion_tokens"] / decode_tokens_per_s
+            for s in self.stats
+        ]
+        mean = sum(busy) / len(busy)
+        return max(busy) / mean if mean else 0.0
+
 
 def run_quality(args: argparse.Namespace, tmp: Path) -> str:
-    trace = load_trace(args.trace, args.limit)
+    resolve_quality(args)
+    if args.hotspot:
+        trace = hotspot_trace(args.hotspot_requests, args.hotspot_rate, args.output_scale)
+    else:
+        trace = load_trace(args.trace, args.limit)
     if not trace:
         raise SystemExit(f"no records in {args.trace}")
     policy_capacity = args.kv_capacity_tokens
@@ -670,6 +770,7 @@ def quality_report(
                 f"{percentile(rep.ttfts, 99) * 1000:.0f}",
                 f"{r.requests / rep.seconds:.1f}" if rep.seconds else "-",
                 f"{share:.2f} ({'/'.join(map(str, counts))})",
+                f"{r.busy_share(args.prefill_tokens_per_s, args.decode_tokens_per_s):.2f}",
                 f"{r.cpu_seconds * 1000 / max(1, r.requests):.2f}",
                 str(rep.failures) + (f" {rep.errors}" if rep.errors else ""),
                 f"{percentile(rep.lags, 99) * 1000:.0f}",
@@ -683,13 +784,22 @@ def quality_report(
         "TTFT p99 ms",
         "req/s",
         "request share max/mean (per engine)",
+        "busy time max/mean",
         "router CPU ms/req",
         "failures",
         "client lag p99 ms",
     ]
     outputs = f"at most {args.max_output_tokens}" if args.max_output_tokens else "the trace's"
+    if args.hotspot:
+        scale = max(1, args.output_scale)
+        outputs = f"the generator's / {scale}" if scale > 1 else "the generator's"
+        workload = (
+            f"hotspot, {len(trace)} requests at {args.hotspot_rate:g} req/s (burst 120 to 240 s)"
+        )
+    else:
+        workload = f"{args.trace.name}, first {len(trace)} requests"
     return (
-        f"### Live routing quality: {args.trace.name}, first {len(trace)} requests, "
+        f"### Live routing quality: {workload}, "
         f"speedup {args.speedup:g} ({offered:.1f} req/s offered)\n\n"
         f"{args.engines_quality} engine-sims: KV cache {args.kv_capacity_tokens:,} tokens, "
         f"prefill {args.prefill_tokens_per_s:,.0f} tokens/s, decode "
@@ -740,15 +850,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     q = p.add_argument_group("quality")
     q.add_argument("--trace", type=Path, default=Path("../shared/data/conversation_trace.jsonl"))
     q.add_argument("--limit", type=int, default=2000, help="replay the first N records")
-    q.add_argument("--speedup", type=float, default=6.0, help="divide arrival times by this")
+    q.add_argument(
+        "--speedup", type=float, help="divide arrival times by this (trace 6, hotspot 3)"
+    )
     q.add_argument("--engines-quality", type=int, default=4)
-    # The runs in RESULTS.md, made when engine-sim counted a Mooncake word of two tokens as one,
+    # Unset engine settings take the workload's defaults (resolve_quality). For a trace: the
+    # runs in RESULTS.md, made when engine-sim counted a Mooncake word of two tokens as one,
     # used 500,000 and 40,000: the same amount of text and the same prefill time.
-    q.add_argument("--kv-capacity-tokens", type=int, default=1_000_000)
-    q.add_argument("--prefill-tokens-per-s", type=float, default=80_000.0)
-    q.add_argument("--decode-tokens-per-s", type=float, default=100.0)
-    q.add_argument("--max-batch", type=int, default=16)
-    q.add_argument("--max-output-tokens", type=int, default=64, help="0: the trace's own")
+    q.add_argument("--kv-capacity-tokens", type=int, help="trace 1000000, hotspot 400000")
+    q.add_argument(
+        "--prefill-tokens-per-s", type=float, help="trace 80000, hotspot 10000 x speedup"
+    )
+    q.add_argument(
+        "--decode-tokens-per-s", type=float, help="trace 100, hotspot 40 x speedup / output scale"
+    )
+    q.add_argument("--max-batch", type=int, help="trace 16, hotspot 32")
+    q.add_argument(
+        "--max-output-tokens", type=int, help="0: the records' own (trace 64, hotspot 0)"
+    )
+    q.add_argument("--hotspot", action="store_true", help="replay the simulator's hotspot workload")
+    q.add_argument("--hotspot-requests", type=int, help="hotspot requests (375 per engine)")
+    q.add_argument("--hotspot-rate", type=float, help="hotspot chat rate, req/s (1 per engine)")
+    q.add_argument(
+        "--output-scale",
+        type=int,
+        default=HOTSPOT_OUTPUT_SCALE,
+        help="hotspot: outputs and decode rate divided by this (8)",
+    )
     q.add_argument(
         "--routers", nargs="+", choices=ROUTERS, default=list(QUALITY_DEFAULT), metavar="ROUTER"
     )
