@@ -4,6 +4,9 @@ Starts four engine-sims and the gateway on free loopback ports, drives a multi-t
 multi-turn chat workload through the gateway with round-robin, hot-reloads the policy file to
 kv-aware (no restart), clears the engines' caches, drives the same workload again, and prints
 hit ratio, TTFT and throughput for both. Everything it starts is stopped at the end.
+
+``--kv-events`` runs instead the comparison of approximate and precise kv-aware routing in
+``router.commands.demo_kv_events``, on the fleet helpers of this module.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -55,12 +59,25 @@ WORKLOAD = SyntheticSpec(
     rate_per_s=1000.0,
 )
 CONCURRENCY = 16
+T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=WORKLOAD.requests, help="per policy")
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
     parser.add_argument("--port", type=int, default=0, help="gateway port (0: a free one)")
+    parser.add_argument(
+        "--kv-events",
+        action="store_true",
+        help="instead: kv-aware approximate against precise (the engines' KV cache events), "
+        "with traffic bypassing the router and one engine reset half-way",
+    )
+    parser.add_argument(
+        "--bypass-share",
+        type=float,
+        default=0.2,
+        help="with --kv-events: share of requests sent straight to the engines (default: 0.2)",
+    )
 
 
 def _free_port() -> int:
@@ -167,6 +184,28 @@ async def _one(
     out.ttfts.append(first if first is not None else time.perf_counter() - t0)
 
 
+class _Progress:
+    """Requests done in a phase: on a terminal one line updates in place; in a log, a line per
+    quarter."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self.tty = sys.stdout.isatty()
+        self.lead, self.tail, self.step = (
+            ("\r", "", 20) if self.tty else ("", "\n", max(1, total // 4))
+        )
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.done % self.step == 0 or self.done == self.total:
+            line = f"{self.lead}  {self.label:>12}: {self.done}/{self.total} requests"
+            print(line, end=self.tail, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            print()
+
+
 async def _drive(
     session: aiohttp.ClientSession,
     url: str,
@@ -179,28 +218,21 @@ async def _drive(
     # Requests start in arrival order, up to ``concurrency`` at once.
     for r in trace:
         queue.put_nowait(r)
-    done = 0
+    progress = _Progress(policy, len(trace))
 
     async def worker() -> None:
-        nonlocal done
         while True:
             try:
                 req = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
             await _one(session, url, req, out)
-            done += 1
-            if done % step == 0 or done == len(trace):
-                print(f"{lead}  {policy:>12}: {done}/{len(trace)} requests", end=tail, flush=True)
+            progress.tick()
 
-    # On a terminal one line updates in place; in a log, a line per quarter.
-    tty = sys.stdout.isatty()
-    lead, tail, step = ("\r", "", 20) if tty else ("", "\n", max(1, len(trace) // 4))
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     out.seconds = time.perf_counter() - t0
-    if tty:
-        print()
+    progress.close()
     return out
 
 
@@ -226,6 +258,10 @@ def _install_policy(preset: str, dest: Path) -> None:
     tmp.replace(dest)
 
 
+def _ms(ttfts: list[float] | None, q: float) -> str:
+    return f"{percentile(ttfts or [], q) * 1000:.0f} ms"
+
+
 def _table(rows: list[PhaseResult]) -> str:
     head = ["policy", "requests", "failed", "hit ratio", "TTFT p50", "TTFT p99", "req/s"]
     body = [
@@ -234,12 +270,16 @@ def _table(rows: list[PhaseResult]) -> str:
             str(r.requests),
             str(r.failed),
             f"{r.hit_ratio:.3f}",
-            f"{percentile(r.ttfts or [], 50) * 1000:.0f} ms",
-            f"{percentile(r.ttfts or [], 99) * 1000:.0f} ms",
+            _ms(r.ttfts, 50),
+            _ms(r.ttfts, 99),
             f"{r.requests / r.seconds:.1f}" if r.seconds else "-",
         ]
         for r in rows
     ]
+    return _grid(head, body)
+
+
+def _grid(head: list[str], body: list[list[str]]) -> str:
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)) for x in [head, *body]
@@ -278,16 +318,28 @@ async def _main(args: argparse.Namespace, workdir: Path) -> list[PhaseResult]:
     return results
 
 
-def run(args: argparse.Namespace) -> int:
+def _in_workdir(main: Callable[[Path], Coroutine[Any, Any, T]]) -> T | None:
+    """``main`` run in a temporary folder; on failure, why and the log's tail, and None."""
     with tempfile.TemporaryDirectory(prefix="kvrouter-demo-") as tmp:
         try:
-            results = asyncio.run(_main(args, Path(tmp)))
+            return asyncio.run(main(Path(tmp)))
         except (RuntimeError, OSError) as e:
             print(f"\ndemo failed: {e}", file=sys.stderr)
             log = Path(tmp) / "demo.log"
             if log.exists():
                 print(log.read_text(errors="replace")[-4000:], file=sys.stderr)
-            return 1
+            return None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.kv_events:
+        # Imported here: that mode is built on this module's helpers.
+        from router.commands import demo_kv_events
+
+        return demo_kv_events.run(args)
+    results = _in_workdir(lambda workdir: _main(args, workdir))
+    if results is None:
+        return 1
     print()
     print(_table(results))
     rr, kv = results

@@ -1,0 +1,234 @@
+"""``kvrouter demo --kv-events``: where the engines' KV cache events matter, live.
+
+The default demo's workload, with a seeded share of it sent straight to the engines (clients
+that skip the router) and engine-0 reset half-way (``POST /reset``: its cache emptied,
+``AllBlocksCleared`` published), run twice through kv-aware, each time on fresh engine-sims
+(all publishing KV events) and a fresh gateway: once on the router's own predictions
+(approximate), once with every engine's events (precise). The hit ratio is the engines' over
+all traffic (cached over prompt tokens from every response's usage), split into routed and
+bypass requests; TTFT is the client's, of routed requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from router.commands.demo import (
+    ENGINE_FLAGS,
+    ENGINES,
+    LOOPBACK,
+    WORKLOAD,
+    PhaseResult,
+    _free_port,
+    _grid,
+    _in_workdir,
+    _install_policy,
+    _ms,
+    _one,
+    _Proc,
+    _processes,
+    _Progress,
+    _start,
+    _wait_ok,
+)
+from router.core.workload import TraceRequest, synthetic
+
+# Engine-0 is reset when the request at this share of the workload is due.
+RESET_AT = 0.5
+BYPASS_SEED = 1
+
+
+@dataclass
+class RoutingResult:
+    """One ``--kv-events`` run: what the client saw of routed and of bypass traffic."""
+
+    routing: str
+    routed: PhaseResult
+    bypass: PhaseResult
+    seconds: float = 0.0
+    kv_events: int = 0  # events the router received (precise only)
+
+    @property
+    def requests(self) -> int:
+        return self.routed.requests + self.bypass.requests
+
+    @property
+    def failed(self) -> int:
+        return self.routed.failed + self.bypass.failed
+
+    @property
+    def hit_ratio(self) -> float:
+        """The engines' cached over prompt tokens, over all traffic."""
+        prompt = self.routed.prompt_tokens + self.bypass.prompt_tokens
+        cached = self.routed.cached_tokens + self.bypass.cached_tokens
+        return cached / prompt if prompt else 0.0
+
+
+def bypass_plan(n: int, share: float, seed: int) -> list[int | None]:
+    """Per request, None (through the router) or the engine it goes to straight: a seeded
+    ``share`` of the requests, dealt to the engines round-robin."""
+    rng = random.Random(seed)
+    out: list[int | None] = []
+    dealt = 0
+    for _ in range(n):
+        if rng.random() < share:
+            out.append(dealt % ENGINES)
+            dealt += 1
+        else:
+            out.append(None)
+    return out
+
+
+async def _drive_mixed(
+    session: aiohttp.ClientSession,
+    gateway: _Proc,
+    engines: list[_Proc],
+    trace: list[TraceRequest],
+    plan: list[int | None],
+    out: RoutingResult,
+    concurrency: int,
+) -> None:
+    """Send ``trace`` in order, ``concurrency`` at once, each request where ``plan`` says;
+    reset engine 0 when the request at RESET_AT of the trace is due."""
+    indices = iter(range(len(trace)))
+    reset_at = int(RESET_AT * len(trace))
+    progress = _Progress(out.routing, len(trace))
+
+    async def worker() -> None:
+        for i in indices:
+            if i == reset_at:
+                async with session.post(f"{engines[0].url}/reset") as r:
+                    if r.status != 200:
+                        raise RuntimeError(f"{engines[0].name}: POST /reset answered {r.status}")
+            target = plan[i]
+            if target is None:
+                await _one(session, gateway.url, trace[i], out.routed)
+            else:
+                await _one(session, engines[target].url, trace[i], out.bypass)
+            progress.tick()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    out.seconds = time.perf_counter() - t0
+    progress.close()
+
+
+async def _wait_all_healthy(session: aiohttp.ClientSession, gateway: _Proc, log: Path) -> None:
+    """Until the gateway sees every engine healthy, so bypass and routed traffic meet the
+    same fleet from the first request."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(aiohttp.ClientError, OSError):
+            async with session.get(f"{gateway.url}/ready") as r:
+                if (await r.json(content_type=None)).get("healthy_backends") == ENGINES:
+                    return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"the gateway did not see all {ENGINES} engines healthy in 30 s; see {log}")
+
+
+async def _metric_sum(session: aiohttp.ClientSession, url: str, name: str) -> int:
+    """The sum of a counter's series on a /metrics page."""
+    async with session.get(f"{url}/metrics") as r:
+        text = await r.text()
+    return int(sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(name + "{")))
+
+
+async def _routing_run(
+    routing: str,
+    trace: list[TraceRequest],
+    plan: list[int | None],
+    args: argparse.Namespace,
+    workdir: Path,
+) -> RoutingResult:
+    """Fresh engines (every one publishing KV events) and a fresh gateway on kv-aware, told
+    the events only when ``routing`` is precise; the workload once; everything stopped."""
+    log = workdir / "demo.log"
+    precise = routing == "precise"
+    out = RoutingResult(routing, PhaseResult(routing, ttfts=[]), PhaseResult("bypass", ttfts=[]))
+    with _processes() as procs:
+        engines: list[_Proc] = []
+        gateway_args = ["serve", "--policy", str(workdir / "policy.yaml")]
+        for i in range(ENGINES):
+            pub, replay = _free_port(), _free_port()
+            events = ["--kv-events-port", str(pub), "--kv-events-replay-port", str(replay)]
+            e = _start(procs, f"engine-{i}", ["engine-sim", *ENGINE_FLAGS, *events], log)
+            engines.append(e)
+            gateway_args += ["--backend", e.url]
+            if precise:
+                endpoints = f"tcp://{LOOPBACK}:{pub},tcp://{LOOPBACK}:{replay}"
+                gateway_args += ["--kv-events", f"{e.url}={endpoints}"]
+        gateway = _start(procs, "gateway", gateway_args, log)
+        timeout = aiohttp.ClientTimeout(total=120)
+        connector = aiohttp.TCPConnector(limit=args.concurrency * 2)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            for e in engines:
+                await _wait_ok(session, e, "/health", log)
+            await _wait_ok(session, gateway, "/ready", log)
+            await _wait_all_healthy(session, gateway, log)
+            await _drive_mixed(session, gateway, engines, trace, plan, out, args.concurrency)
+            if precise:
+                out.kv_events = await _metric_sum(session, gateway.url, "kvrouter_kv_events_total")
+    return out
+
+
+async def _main_kv_events(args: argparse.Namespace, workdir: Path) -> list[RoutingResult]:
+    trace = list(synthetic(dataclasses.replace(WORKLOAD, requests=args.requests)))
+    plan = bypass_plan(len(trace), args.bypass_share, BYPASS_SEED)
+    _install_policy("kv-aware", workdir / "policy.yaml")
+    bypassed = sum(1 for t in plan if t is not None)
+    print(
+        f"{len(trace)} requests, {bypassed} of them straight to the engines (round-robin), "
+        f"engine-0 reset at request {int(RESET_AT * len(trace))}; kv-aware twice, each time on "
+        f"{ENGINES} fresh engine-sims and a fresh gateway (logs: {workdir / 'demo.log'})"
+    )
+    return [await _routing_run(r, trace, plan, args, workdir) for r in ("approximate", "precise")]
+
+
+def _kv_table(rows: list[RoutingResult]) -> str:
+    head = ["routing", "requests", "failed", "hit ratio", "routed hit", "bypass hit"]
+    head += ["TTFT p50", "TTFT p99", "req/s"]
+    body = [
+        [
+            r.routing,
+            str(r.requests),
+            str(r.failed),
+            f"{r.hit_ratio:.3f}",
+            f"{r.routed.hit_ratio:.3f}",
+            f"{r.bypass.hit_ratio:.3f}",
+            _ms(r.routed.ttfts, 50),
+            _ms(r.routed.ttfts, 99),
+            f"{r.requests / r.seconds:.1f}" if r.seconds else "-",
+        ]
+        for r in rows
+    ]
+    return _grid(head, body)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 <= args.bypass_share < 1:
+        print("demo: --bypass-share must be in [0, 1)", file=sys.stderr)
+        return 2
+    results = _in_workdir(lambda workdir: _main_kv_events(args, workdir))
+    if results is None:
+        return 1
+    print()
+    print(_kv_table(results))
+    print("(hit ratio: the engines', over all traffic; TTFT: routed requests only)")
+    approximate, precise = results
+    print(f"\nthe router received {precise.kv_events:,} KV events in the precise run")
+    if approximate.hit_ratio > 0:
+        print(
+            f"precise reused {precise.hit_ratio / approximate.hit_ratio:.2f}x the prompt tokens "
+            "approximate did"
+        )
+    return 0 if not approximate.failed and not precise.failed else 1
