@@ -133,6 +133,23 @@ async def _wait_ok(session: aiohttp.ClientSession, p: _Proc, path: str, log: Pat
     raise RuntimeError(f"{p.name} not ready after 30 s; see {log}")
 
 
+def _client(concurrency: int) -> aiohttp.ClientSession:
+    """The demo's HTTP client: room for the workload's concurrency, a bound on every call."""
+    timeout = aiohttp.ClientTimeout(total=120)
+    return aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency * 2)
+    )
+
+
+async def _wait_fleet(
+    session: aiohttp.ClientSession, engines: Sequence[_Proc], gateway: _Proc, log: Path
+) -> None:
+    """Every engine answering /health, then the gateway /ready."""
+    for e in engines:
+        await _wait_ok(session, e, "/health", log)
+    await _wait_ok(session, gateway, "/ready", log)
+
+
 @dataclass
 class PhaseResult:
     policy: str
@@ -300,12 +317,8 @@ async def _main(args: argparse.Namespace, workdir: Path) -> list[PhaseResult]:
         backends = [a for e in engines for a in ("--backend", e.url)]
         gateway_args = ["serve", *backends, "--policy", str(policy_file)]
         gateway = _start(procs, "gateway", gateway_args, log)
-        timeout = aiohttp.ClientTimeout(total=120)
-        connector = aiohttp.TCPConnector(limit=args.concurrency * 2)
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-            for e in engines:
-                await _wait_ok(session, e, "/health", log)
-            await _wait_ok(session, gateway, "/ready", log)
+        async with _client(args.concurrency) as session:
+            await _wait_fleet(session, engines, gateway, log)
             print(f"gateway {gateway.url} in front of {', '.join(e.url for e in engines)}")
             results = [await _drive(session, gateway.url, trace, "round-robin", args.concurrency)]
             print("hot-reloading the policy file to kv-aware and clearing the engines' caches")

@@ -29,6 +29,7 @@ from router.commands.demo import (
     LOOPBACK,
     WORKLOAD,
     PhaseResult,
+    _client,
     _free_port,
     _grid,
     _in_workdir,
@@ -39,7 +40,7 @@ from router.commands.demo import (
     _processes,
     _Progress,
     _start,
-    _wait_ok,
+    _wait_fleet,
 )
 from router.core.workload import TraceRequest, synthetic
 
@@ -168,12 +169,8 @@ async def _routing_run(
                 endpoints = f"tcp://{LOOPBACK}:{pub},tcp://{LOOPBACK}:{replay}"
                 gateway_args += ["--kv-events", f"{e.url}={endpoints}"]
         gateway = _start(procs, "gateway", gateway_args, log)
-        timeout = aiohttp.ClientTimeout(total=120)
-        connector = aiohttp.TCPConnector(limit=args.concurrency * 2)
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-            for e in engines:
-                await _wait_ok(session, e, "/health", log)
-            await _wait_ok(session, gateway, "/ready", log)
+        async with _client(args.concurrency) as session:
+            await _wait_fleet(session, engines, gateway, log)
             await _wait_all_healthy(session, gateway, log)
             await _drive_mixed(session, gateway, engines, trace, plan, out, args.concurrency)
             if precise:
