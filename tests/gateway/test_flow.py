@@ -180,7 +180,9 @@ async def _depth_is(r: Rig, n: int) -> bool:
     return await depth(r) == n
 
 
-async def test_flow_priority_reserve_lets_urgent_through_a_full_fleet(tmp_path: Path) -> None:
+async def _urgent_through_the_reserve(tmp_path: Path) -> None:
+    """One engine of two slots, one kept for urgent requests: the first request takes a
+    slot, a normal one queues at the reserve, an urgent one reaches the engine."""
     gate = asyncio.Event()
     async with rig(
         tmp_path, FakeEngine(A), **one_slot(max_inflight_per_engine=2, priority_reserve=1)
@@ -196,6 +198,10 @@ async def test_flow_priority_reserve_lets_urgent_through_a_full_fleet(tmp_path: 
         assert await depth(r) == 1
         gate.set()
         assert [(await t)[0] for t in (first, normal, urgent)] == [200, 200, 200]
+
+
+async def test_flow_priority_reserve_lets_urgent_through_a_full_fleet(tmp_path: Path) -> None:
+    await _urgent_through_the_reserve(tmp_path)
 
 
 def vllm_metrics(waiting: int) -> tuple[int, bytes]:
@@ -270,17 +276,4 @@ async def test_flow_urgent_request_finding_a_reserved_slot_goes_at_once(
         await asyncio.Event().wait()
 
     monkeypatch.setattr(Admission, "pump_loop", no_timer)
-    gate = asyncio.Event()
-    async with rig(
-        tmp_path, FakeEngine(A), **one_slot(max_inflight_per_engine=2, priority_reserve=1)
-    ) as r:
-        r.up.next(gated(gate), gated(gate))
-        first = asyncio.create_task(r.post(CHAT, chat("first")))
-        await until(lambda: _sent(r, 1), "the first request at the engine")
-        normal = asyncio.create_task(r.post(CHAT, chat("normal")))
-        await until(lambda: _depth_is(r, 1), "the normal request queued at the reserve")
-        hdr = {"x-kvrouter-priority": "-1"}
-        urgent = asyncio.create_task(r.post(CHAT, chat("urgent"), headers=hdr))
-        await until(lambda: _sent(r, 2), "the urgent request at the engine")
-        gate.set()
-        assert [(await t)[0] for t in (first, normal, urgent)] == [200, 200, 200]
+    await _urgent_through_the_reserve(tmp_path)
