@@ -12,6 +12,12 @@ engine's requests at the report's time T, minus this replica's requests that wer
 at T and have finished since, plus this replica's requests sent after T still in flight; never
 less than the router's own figure. A report older than ``stale_after`` seconds is ignored:
 the router's own figures stand alone, as they do for an engine that never reported.
+
+An engine's batch has a limit no metric names (vLLM's ``max_num_seqs``, or what its KV cache
+fits): a report with requests waiting shows it, as the requests then running. The book learns
+it from such reports (raised by any report running more), so that between scrapes it knows
+when what it sent since has filled the batch: the next request would wait for a slot, however
+stale the report's "nobody waiting" is (``backlog``).
 """
 
 from __future__ import annotations
@@ -75,6 +81,8 @@ class LoadBook:
         # report's time), and the engines' own reports.
         self._sent: dict[str, list[float]] = {}
         self._reported: dict[str, _Reported] = {}
+        # Each engine's batch limit, as its reports with requests waiting showed it.
+        self._slots: dict[str, int] = {}
 
     def acquire(self, engine: str, tokens: int, now: float = 0.0) -> None:
         """Count a request sent to ``engine`` at ``now`` with ``tokens`` to prefill."""
@@ -153,7 +161,20 @@ class LoadBook:
     def engine_report(self, engine: str, report: EngineReport, at: float) -> None:
         """``engine``'s own figures as they were at ``at`` (when the scrape was sent)."""
         since = sum(1 for t in self._sent.get(engine, ()) if t > at)
+        last = self._reported.get(engine)
         self._reported[engine] = _Reported(report, at, since)
+        known = self._slots.get(engine)
+        if report.waiting and report.running and last is not None and last.report.waiting:
+            # Full: the batch takes this many now. One report with a queue is not enough: a
+            # request that arrived during the engine's current step waits one step in any
+            # engine, full or not.
+            self._slots[engine] = report.running
+        elif known is not None and report.running > known:
+            self._slots[engine] = report.running  # it took more than it was seen full at
+
+    def slots(self, engine: str) -> int | None:
+        """``engine``'s batch limit as its reports showed it (None: never seen full)."""
+        return self._slots.get(engine)
 
     def reporting_engines(self) -> tuple[str, ...]:
         """Engines with a report, fresh or stale."""
@@ -162,6 +183,7 @@ class LoadBook:
     def drop_engine_report(self, engine: str) -> None:
         """Forget ``engine``'s report (it left, or stopped reporting)."""
         self._reported.pop(engine, None)
+        self._slots.pop(engine, None)
 
     def reported(self, engine: str, now: float) -> EngineReport | None:
         """``engine``'s last report if it is fresh at ``now``, else None."""
@@ -177,19 +199,36 @@ class LoadBook:
         r = self._fresh(engine, now)
         return None if r is None else max(0, r.report.waiting - r.done)
 
+    def backlog(self, engine: str, now: float) -> int:
+        """Where a request sent to ``engine`` now would stand (0 without a fresh report): 0, it
+        starts at once; k, it waits for k batch slots to free.
+
+        The engine's queue (``queued``) and, once its batch limit is known (``slots``), what
+        this router sent since the report, which fills the batch and then the queue.
+        """
+        r = self._fresh(engine, now)
+        if r is None:
+            return 0
+        rep = r.report
+        queued = max(0, rep.waiting - r.done)
+        slots = self._slots.get(engine)
+        if slots is None:
+            return queued
+        return max(queued, rep.running + rep.waiting - r.done + r.since - slots + 1)
+
     def _fresh(self, engine: str, now: float) -> _Reported | None:
         r = self._reported.get(engine)
         return None if r is None or now - r.at > self.stale_after else r
 
     def signals(self, engines: Sequence[str], now: float) -> tuple[list[int], list[float]]:
-        """Per engine, in order: requests waiting inside it and its KV cache use (0 unknown)."""
+        """Per engine, in order: its ``backlog`` (0 unknown) and its KV cache use (0 unknown)."""
         if not self._reported:
             return [0] * len(engines), [0.0] * len(engines)
         waiting: list[int] = []
         usage: list[float] = []
         for e in engines:
             r = self._fresh(e, now)
-            waiting.append(r.report.waiting if r is not None else 0)
+            waiting.append(0 if r is None else self.backlog(e, now))
             usage.append(r.report.kv_usage if r is not None else 0.0)
         return waiting, usage
 

@@ -27,7 +27,9 @@ class Inputs:
     prompt_tokens: int = 0
     block_tokens: int = 1
     # Engine-reported, blended into ``requests`` already; empty or 0 where nothing is known.
-    waiting: Sequence[int] = ()  # requests queued inside the engine
+    # Batch slots a request sent now would wait for inside the engine (``LoadBook.backlog``):
+    # its queue, and what the routers sent since its report into a batch known to be full.
+    waiting: Sequence[int] = ()
     kv_usage: Sequence[float] = ()  # share of its KV cache in use, from 0 to 1
 
     def uncached(self, i: int) -> int:
@@ -39,11 +41,21 @@ ScoreFn = Callable[[Scorer, Inputs], list[float]]
 
 
 def prefix_overlap(_s: Scorer, x: Inputs) -> list[float]:
-    """The share of the request's blocks the engine already holds."""
+    """The share of the request's blocks the engine already holds; while some candidate could
+    start the request at once, divided by one more than the batch slots it would wait for.
+
+    Keeping a prefix on one engine saves cache space, but not at the price of a queue: when
+    the engines holding a hot prefix have full batches and another could start the request at
+    once, the prefix may spread (ttft-estimate weighs the extra prefill against the wait).
+    When every engine would make it wait, the fleet is saturated and holding on to the
+    prefix counts in full again (spreading it then costs hits and saves no wait).
+    """
     if not x.blocks:
         return [0.0] * len(x.candidates)
     n = x.blocks
-    return [o / n for o in x.overlaps]
+    if not x.waiting or min(x.waiting):
+        return [o / n for o in x.overlaps]
+    return [o / n / (1 + w) for o, w in zip(x.overlaps, x.waiting, strict=True)]
 
 
 def load(s: Scorer, x: Inputs) -> list[float]:
@@ -82,8 +94,8 @@ def ttft_estimate(s: Scorer, x: Inputs) -> list[float]:
     """Estimated time to first token, in prefill tokens, from everything that delays it.
 
     Per candidate: the uncached prompt tokens queued on it (in flight from the routers), this
-    prompt's uncached part, ``wait_tokens`` per request queued inside the engine and
-    ``running_tokens`` per request in its batch (both engine-reported where fresh), with the
+    prompt's uncached part, ``wait_tokens`` per batch slot it would wait for inside the engine
+    and ``running_tokens`` per request in its batch (both engine-reported where fresh), with the
     cached overlap discounted linearly from full at ``kv_pressure`` KV use to none at a full
     cache. 1 for the cheapest candidate, falling linearly to 0 at the dearest. A hot prefix
     stays on its engines while the prefill it saves exceeds their queues, and spreads (one
