@@ -274,7 +274,7 @@ class RoutingCore:
         p = self.policy
         cands = list(dict.fromkeys(candidates))
         overlaps = self.index.overlaps(keys, cands, now)
-        src = {e: "approximate" if o else "none" for e, o in zip(cands, overlaps, strict=True)}
+        src: dict[str, str] = {}  # overlaps from events or the bridge; the rest approximate
         if tokenized is not None and self.precise:
             self._precise_overlaps(keys, tokenized, cands, now, overlaps, src)
         requests = self.loads.requests(cands, now)
@@ -320,6 +320,7 @@ class RoutingCore:
         order = sorted(
             range(len(cands)), key=lambda i: (not eligible[i], -totals[i], x.requests[i])
         )
+        pairs = zip(cands, overlaps, strict=True) if src else ()  # (): see ``source_of``
         return Decision(
             engine=engine,
             reason=reason,
@@ -332,7 +333,7 @@ class RoutingCore:
             totals=tuple(totals),
             fallbacks=(*(cands[i] for i in order if cands[i] != engine), *unscored),
             session=session,
-            sources=tuple(src[e] for e in cands),
+            sources=tuple(src.get(e) or ("approximate" if o else "none") for e, o in pairs),
         )
 
     def _shortlist(
@@ -458,7 +459,8 @@ class RoutingCore:
             return []
         # The least loaded engine always stays admissible: with token loads one request can
         # outweigh the whole margin, and a cap that admits nobody would route nowhere.
-        cap = max(load_cap(sum(loads), len(loads), b.epsilon, weight), min(loads) + weight)
+        floor = max(min(loads) + weight, b.min_cap * weight)
+        cap = max(load_cap(sum(loads), len(loads), b.epsilon, weight), floor)
         return [v + weight <= cap for v in loads]
 
     def _best(self, x: Inputs, eligible: list[bool], totals: list[float], seed: int) -> str:

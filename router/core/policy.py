@@ -36,10 +36,17 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class BoundedLoad:
-    """Consistent hashing with bounded loads: no engine above ceil((1 + epsilon) x mean)."""
+    """Consistent hashing with bounded loads: no engine above ceil((1 + epsilon) x mean).
+
+    ``min_cap``: the cap never falls below this many requests (with the tokens metric, this
+    many of the request's prompts). At light load the mean is a fraction of a request and
+    the cap alone would turn a conversation away from its cache for the one request in
+    flight there, though a few requests make no engine a hotspot.
+    """
 
     epsilon: float = 0.25
     metric: LoadMetric = "requests"
+    min_cap: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +160,7 @@ def parse_policy(data: Any, where: str = "<policy>") -> Policy:
         bounded = BoundedLoad(
             epsilon=filt.number("epsilon", 0.25, 0.0, 100.0),
             metric=cast(LoadMetric, filt.choice("metric", "requests", LOAD_METRICS)),
+            min_cap=filt.integer("min_cap", 0, 0, 1_000_000),
         )
         filt.done()
     scorers = tuple(_scorer(s) for s in f.items("scorers"))

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from router.core.decision import Decision, Lease, RoutingCore
+from router.core.load import EngineReport
 from router.core.policy import Scorer, load_policy, load_policy_text
 from router.core.scoring import SCORERS, Inputs
 from router.presets import preset_path
@@ -61,6 +62,16 @@ def test_decide_bounded_load_spills_hot_prefix() -> None:
     picks = [str(answered(r, body(LONG), ENGINES, now=float(i))[0].engine) for i in range(8)]
     # Nobody finishes: with epsilon 0 each engine takes exactly its share.
     assert sorted(picks) == sorted(ENGINES * 2)
+
+
+@pytest.mark.parametrize(("min_cap", "first_engine_takes"), [(0, 1), (3, 3)])
+def test_decide_bounded_load_min_cap_keeps_light_load_on_its_cache(
+    min_cap: int, first_engine_takes: int
+) -> None:
+    """Below ``min_cap`` requests the cap does not bite: a prefix stays on its engine."""
+    r = core(KV + f"filters: [{{type: bounded-load, epsilon: 0.0, min_cap: {min_cap}}}]\n")
+    picks = [str(answered(r, body(LONG), ENGINES, now=float(i))[0].engine) for i in range(4)]
+    assert picks.count(picks[0]) == first_engine_takes
 
 
 def test_decide_round_robin_cycles_as_attempts_are_acquired() -> None:
@@ -282,3 +293,24 @@ def test_scorers_stay_in_unit_interval(n: int, data: st.DataObject) -> None:
             scores = fn(Scorer(name, 1.0, metric=metric), x)
             assert len(scores) == n
             assert all(0.0 <= v <= 1.0 for v in scores), (name, scores)
+
+
+def test_hot_prefix_spreads_off_an_engine_whose_batch_is_full() -> None:
+    """Its holder's last report shows a full batch and nobody waiting (the limit learned from
+    earlier reports): the next request for the prefix would wait for a slot there, so it goes
+    to an engine that can start it at once."""
+    r = RoutingCore(load_policy(preset_path("kv-aware")))
+    r.set_engines(dict.fromkeys(ENGINES, 1))
+    doc = body("viral document " * 300)
+    holder = answered(r, doc, ENGINES, 0.0)[0].engine
+    assert holder is not None
+    for e in ENGINES:
+        r.loads.engine_report(e, EngineReport(running=4), at=0.5)
+    assert r.decide(doc, ENGINES, now=0.6).engine == holder  # free slots: the cache wins
+    for at in (1.0, 1.5):
+        r.loads.engine_report(holder, EngineReport(running=32, waiting=1), at=at)
+    for e in ENGINES:  # busy, all of them, but under the bounded-load cap
+        r.loads.engine_report(e, EngineReport(running=32 if e == holder else 20), at=2.0)
+    moves = r.decide(doc, ENGINES, now=2.1)
+    assert moves.engine != holder and moves.engine in ENGINES
+    assert moves.inputs.waiting[moves.inputs.candidates.index(holder)] == 1

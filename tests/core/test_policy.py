@@ -148,7 +148,7 @@ def test_policy_chart_copy_equals_preset(name: str) -> None:
 policy_keys = st.sampled_from(
     ["version", "name", "description", "block_chars", "scorers", "type", "weight", "metric",
      "header", "user_field", "max_sessions", "wait_tokens", "running_tokens", "kv_pressure",
-     "picker", "cold_prefix", "ring", "epsilon", "filters", "index", "max_entries",
+     "picker", "cold_prefix", "ring", "epsilon", "min_cap", "filters", "index", "max_entries",
      "ttl_seconds", "engine_capacity_tokens"]
 )  # fmt: skip
 policy_scalars = (
