@@ -65,7 +65,8 @@ at length; ``--hotspot-requests`` of them (default 375 per engine: about 315 s o
 Time is compressed by ``--speedup`` (default 3) and the engines are the simulator's
 (``EngineSpec``: 400,000 cache tokens, 10,000 prefill tokens/s, 40 decode tokens/s, max batch
 32) that much faster, so every duration is the simulator's divided by ``--speedup`` (except
-the routers' own clocks, such as kvrouter's 0.5 s scrape of the engines' /metrics). Outputs
+the routers' own clocks, such as kvrouter's 0.5 s scrape of the engines' /metrics, unless
+``--scrape-interval`` sets it). Outputs
 are divided by ``--output-scale`` (default 8, 0 or 1: as generated) and the decode rate with
 them: a request holds its batch slot as long as in the simulator, while the client and the
 routers relay 8x fewer chunks.
@@ -215,6 +216,7 @@ def start_router(
     tmp: Path,
     policy_file: Path | None,
     checkout: Path | None = None,
+    config: Path | None = None,
 ) -> Proc:
     """Router ``name`` (one of ``ROUTERS``, or ``BASELINE`` from ``checkout``) before
     ``engines``."""
@@ -227,6 +229,8 @@ def start_router(
     policy = str(policy_file) if policy_file is not None else preset
     backends = [a for u in urls for a in ("--backend", u)]
     args = ["serve", "--host", LOOPBACK, *backends, "--policy", policy, "--log-level", "warning"]
+    if config is not None:
+        args += ["--config", str(config)]
     if name != BASELINE:
         return start_kvrouter(args, tmp, ready_path="/ready", timeout=STARTUP_TIMEOUT_S)
     assert checkout is not None, "the baseline runs from a checkout"
@@ -723,6 +727,15 @@ def run_quality(args: argparse.Namespace, tmp: Path) -> str:
     policy_capacity = args.kv_capacity_tokens
     policy_file = tmp / "kv-aware.yaml"
     write_kv_aware_policy(policy_file, policy_capacity)
+    config = None
+    if args.scrape_interval:
+        # The engines' /metrics scraped on the compressed clock, as a real fleet at this
+        # interval would be on its own.
+        config = tmp / "kvrouter.yaml"
+        config.write_text(
+            f"engine_metrics: {{interval_seconds: {args.scrape_interval}, "
+            f"timeout_seconds: {min(0.25, args.scrape_interval / 2)}}}\n"
+        )
     engine_flags = [
         "--kv-capacity-tokens", str(args.kv_capacity_tokens),
         "--prefill-tokens-per-s", str(args.prefill_tokens_per_s),
@@ -736,7 +749,7 @@ def run_quality(args: argparse.Namespace, tmp: Path) -> str:
         for name in args.routers:
             asyncio.run(reset_engines(engines))
             own_policy = policy_file if name == "kvrouter kv-aware" else None
-            router = start_router(name, engines, tmp, own_policy)
+            router = start_router(name, engines, tmp, own_policy, config=config)
             procs.append(router)
             print(f"quality: {name}, {len(trace)} requests over {span:.0f} s", flush=True)
             cpu0 = tree_cpu_seconds(router.popen.pid)
@@ -867,6 +880,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     q.add_argument("--max-batch", type=int, help="trace 16, hotspot 32")
     q.add_argument(
         "--max-output-tokens", type=int, help="0: the records' own (trace 64, hotspot 0)"
+    )
+    q.add_argument(
+        "--scrape-interval",
+        type=float,
+        metavar="SECONDS",
+        help="kvrouter scrapes the engines' /metrics this often (default: its own 0.5 s, "
+        "not compressed; 0.5 / speedup is the simulator's 0.5 s)",
     )
     q.add_argument("--hotspot", action="store_true", help="replay the simulator's hotspot workload")
     q.add_argument("--hotspot-requests", type=int, help="hotspot requests (375 per engine)")
