@@ -310,7 +310,8 @@ def test_hot_prefix_spreads_off_an_engine_whose_batch_is_full() -> None:
     for at in (1.0, 1.5):
         r.loads.engine_report(holder, EngineReport(running=32, waiting=1), at=at)
     for e in ENGINES:  # busy, all of them, but under the bounded-load cap
-        r.loads.engine_report(e, EngineReport(running=32 if e == holder else 20), at=2.0)
+        r.loads.engine_report(e, EngineReport(running=32 if e == holder else 16), at=2.0)
+    answered(r, doc, [holder], 2.05)  # sent after the report: it waits for a slot
     moves = r.decide(doc, ENGINES, now=2.1)
     assert moves.engine != holder and moves.engine in ENGINES
-    assert moves.inputs.waiting[moves.inputs.candidates.index(holder)] == 1
+    assert moves.inputs.waiting[moves.inputs.candidates.index(holder)] == 2
