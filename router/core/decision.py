@@ -115,6 +115,7 @@ class Decision:
                     "overlap_source": self.source_of(i),
                     "inflight_requests": x.requests[i],
                     "inflight_tokens": x.tokens[i],
+                    "wait_slots": x.waiting[i] if x.waiting else 0,
                     "eligible": self.eligible[i],
                     "scores": {name: round(v[i], 6) for name, v in self.scores.items()},
                     "total": round(self.totals[i], 6),

@@ -314,4 +314,5 @@ def test_hot_prefix_spreads_off_an_engine_whose_batch_is_full() -> None:
     answered(r, doc, [holder], 2.05)  # sent after the report: it waits for a slot
     moves = r.decide(doc, ENGINES, now=2.1)
     assert moves.engine != holder and moves.engine in ENGINES
-    assert moves.inputs.waiting[moves.inputs.candidates.index(holder)] == 2
+    held = moves.explain()["candidates"][moves.inputs.candidates.index(holder)]
+    assert held["wait_slots"] == 2 and held["overlap_blocks"] == len(moves.keys)
