@@ -15,9 +15,9 @@ the router's own figures stand alone, as they do for an engine that never report
 
 An engine's batch has a limit no metric names (vLLM's ``max_num_seqs``, or what its KV cache
 fits): a report with requests waiting shows it, as the requests then running. The book learns
-it from such reports (raised by any report running more), so that between scrapes it knows
-when what it sent since has filled the batch: the next request would wait for a slot, however
-stale the report's "nobody waiting" is (``backlog``).
+it from two such reports in a row (and raises it on any report running more), so that between
+scrapes it knows when what it sent since has filled the batch: the next request would wait for
+a slot, however stale the report's "nobody waiting" is (``backlog``).
 """
 
 from __future__ import annotations
