@@ -207,8 +207,9 @@ class LoadBook:
         this router sent since the report, which fills the batch and then the queue.
         """
         r = self._fresh(engine, now)
-        if r is None:
-            return 0
+        return 0 if r is None else self._backlog(engine, r)
+
+    def _backlog(self, engine: str, r: _Reported) -> int:
         rep = r.report
         queued = max(0, rep.waiting - r.done)
         slots = self._slots.get(engine)
@@ -228,7 +229,7 @@ class LoadBook:
         usage: list[float] = []
         for e in engines:
             r = self._fresh(e, now)
-            waiting.append(0 if r is None else self.backlog(e, now))
+            waiting.append(0 if r is None else self._backlog(e, r))
             usage.append(r.report.kv_usage if r is not None else 0.0)
         return waiting, usage
 
