@@ -66,10 +66,9 @@ Time is compressed by ``--speedup`` (default 3) and the engines are the simulato
 (``EngineSpec``: 400,000 cache tokens, 10,000 prefill tokens/s, 40 decode tokens/s, max batch
 32) that much faster, so every duration is the simulator's divided by ``--speedup`` (except
 the routers' own clocks, such as kvrouter's 0.5 s scrape of the engines' /metrics, unless
-``--scrape-interval`` sets it). Outputs
-are divided by ``--output-scale`` (default 8, 0 or 1: as generated) and the decode rate with
-them: a request holds its batch slot as long as in the simulator, while the client and the
-routers relay 8x fewer chunks.
+``--scrape-interval`` sets it). Outputs are divided by ``--output-scale`` (default 8, 0 or 1:
+as generated) and the decode rate with them: a request holds its batch slot as long as in the
+simulator, while the client and the routers relay 8x fewer chunks.
 
     python -m bench.sglang_compare [--overhead] [--quality]
         [--engines 1] [--requests 300] [--load-requests 2000] [--concurrency 32 256]
