@@ -33,6 +33,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from router.core.decision import RoutingCore
+from router.core.fields import ConfigError
 from router.core.load import EngineReport, Load
 from router.core.policy import Policy
 from router.core.retry_budget import BudgetRules, RetryBudget
@@ -61,6 +62,7 @@ from router.gateway.flow import Admission
 from router.gateway.gossip_delegate import run_origin
 from router.gateway.inbound import PROMPT_FIELD, BodyParser
 from router.gateway.kv_events import EventMetrics, Subscriber
+from router.gateway.local_tokenizer import LocalTokenizer
 from router.gateway.metrics import FleetView, Metrics
 from router.gateway.reload import PolicyWatcher, Result
 from router.gateway.tokenize import Tokenizer
@@ -74,6 +76,16 @@ log = logging.getLogger(__name__)
 
 # A crashed background loop is restarted after this pause instead of leaving the gateway blind.
 RESTART_PAUSE_S = 1.0
+
+
+def _local_tokenizer(tokenizer: str) -> LocalTokenizer | None:
+    # Raises ConfigError: the gateway does not start with a tokenizer it cannot load.
+    if tokenizer == "engine":
+        return None
+    try:
+        return LocalTokenizer.load(tokenizer)
+    except ValueError as e:
+        raise ConfigError(f"backends.kv_events.tokenizer: {e}") from None
 
 
 class Gateway:
@@ -175,6 +187,7 @@ class Gateway:
                 self._precise_engines,
                 self._tokenized,
                 upstream=self.upstream,  # the engines' API keys go with every call
+                local=_local_tokenizer(kv.tokenizer),
             )
         # Client connections of this process: the cap and the header deadline (runtime).
         self.connections = Connections(config.limits)
@@ -212,8 +225,9 @@ class Gateway:
             return ()
         return [e for e in cands if e in self.core.precise]
 
-    def _tokenized(self, seconds: float, ok: bool) -> None:
-        self.event_metrics.tokenize.observe(seconds)
+    def _tokenized(self, seconds: float | None, ok: bool) -> None:
+        if seconds is not None:
+            self.event_metrics.tokenize.observe(seconds)
         if not ok:
             self.event_metrics.tokenize_failures.inc()
 

@@ -68,6 +68,7 @@ from router.gateway.config_engines import (
     engine_metrics,
     engine_sources,
     engine_url,
+    tokenizer_problem,
     zmq_endpoint,
 )
 from router.gateway.config_gossip import (
@@ -482,6 +483,12 @@ def check_ready_to_serve(cfg: Config) -> None:
         raise ConfigError("listen.host: must not be empty")
     if cfg.listen.metrics_port and cfg.listen.metrics_port == cfg.listen.port:
         raise ConfigError("listen.metrics_port: must differ from the API port (0: share it)")
+    kv = cfg.engines.kv_events
+    if kv.tokenizer != "engine" and not kv.enabled:
+        raise ConfigError(
+            "backends.kv_events.tokenizer (--tokenizer): token ids key only engines that "
+            "publish KV events; give --kv-events or --kv-events-port too"
+        )
 
 
 def with_kv_events(
@@ -518,7 +525,7 @@ def with_kv_events(
     if replay_port is not None:
         kv = dataclasses.replace(kv, replay_port=replay_port)
     if tokenizer is not None:
-        if tokenizer != "engine":
-            raise ConfigError("--tokenizer: only 'engine' (the engine's POST /tokenize) works")
+        if (problem := tokenizer_problem(tokenizer)) is not None:
+            raise ConfigError(f"--tokenizer: {problem}")
         kv = dataclasses.replace(kv, tokenizer=tokenizer)
     return dataclasses.replace(cfg, engines=dataclasses.replace(cfg.engines, kv_events=kv))

@@ -9,6 +9,7 @@ import contextlib
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from router import hostport
@@ -45,7 +46,8 @@ class KvEvents:
     """Engines' KV cache events (router.gateway.kv_events): a port rule and explicit endpoints.
 
     ``port`` (0: no rule) applies to every engine's host; ``endpoints`` name engines one by
-    one and win over the rule. ``tokenizer: engine`` asks a precise engine's ``/tokenize``.
+    one and win over the rule. ``tokenizer: engine`` asks a precise engine's ``/tokenize``;
+    a path names the model's tokenizer files (router.gateway.local_tokenizer).
     """
 
     port: int = 0
@@ -62,6 +64,13 @@ class KvEvents:
     @property
     def enabled(self) -> bool:
         return bool(self.port or self.endpoints)
+
+
+def tokenizer_problem(tokenizer: str) -> str | None:
+    """What is wrong with a ``tokenizer`` setting (``engine``, or a path), or None."""
+    if tokenizer == "engine" or Path(tokenizer).exists():
+        return None
+    return f"must be 'engine' (the engine's POST /tokenize) or a tokenizer's path: no {tokenizer!r}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +199,8 @@ def _kv_events(f: ConfigFields | None) -> KvEvents:
         weights = {str(k).lower(): w.number(str(k), 1.0, 0.0, 1.0) for k in list(w.data)}
         w.done()
     tokenizer = f.text("tokenizer", "engine")
-    if tokenizer != "engine":
-        f.fail(f.at("tokenizer"), "only 'engine' (the engine's POST /tokenize) is supported")
+    if (problem := tokenizer_problem(tokenizer)) is not None:
+        f.fail(f.at("tokenizer"), problem)
     out = KvEvents(
         port=f.integer("port", 0, 0, 65535),
         replay_port=f.integer("replay_port", 0, 0, 65535),

@@ -103,7 +103,8 @@ class EventMetrics:
             buckets=LAG_BUCKETS, registry=r,
         )  # fmt: skip
         self.tokenize = Histogram(
-            "kvrouter_tokenize_seconds", "Time to get a prompt's token ids from an engine.",
+            "kvrouter_tokenize_seconds",
+            "Time to get a prompt's token ids (from an engine, or the local tokenizer).",
             buckets=LAG_BUCKETS, registry=r,
         )  # fmt: skip
         self.tokenize_failures = Counter(

@@ -1,4 +1,4 @@
-"""A request's token ids from an engine's own tokenizer (vLLM's ``POST /tokenize``).
+"""A request's token ids, from an engine's own tokenizer (vLLM's ``POST /tokenize``) or a local one.
 
 Precise routing keys a request over the ids the engine will see (the chat template applied),
 so they come from the engine: ``{"model", "prompt"}`` or ``{"model", "messages",
@@ -21,18 +21,26 @@ it, and the router parses one id per token. So:
 - calls go round-robin over the precise engines serving the model (any of them tokenizes the
   same way), not all to one engine that also serves traffic;
 - ids are checked and packed in C (``core.kv_events.token_array``), never one by one.
+
+With a local tokenizer (``--tokenizer PATH``, router.gateway.local_tokenizer) there is no round
+trip: a prompt not in the cache is tokenized whole, exactly, on one of ``LOCAL_THREADS`` worker
+threads (the tokenizer releases the GIL), at most ``LOCAL_PENDING`` at a time; identical
+prompts in flight share one job. A job still running at the timeout goes on and fills the
+cache, and the request is keyed on its text.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import orjson
@@ -42,6 +50,7 @@ from router.core.decision import TokenPrompt
 from router.core.kv_events import token_array
 from router.gateway.errors import UpstreamError
 from router.gateway.inbound import Inbound
+from router.gateway.local_tokenizer import LocalTokenizer
 from router.gateway.upstream import HttpUpstream, Upstream
 
 log = logging.getLogger(__name__)
@@ -59,6 +68,10 @@ HEAD_CHUNK_CHARS = 512
 HEAD_MARGIN_IDS = 16
 # Whole prompts tokenized in the background after a head answered; beyond this, skipped.
 BACKGROUND_CALLS = 4
+# A local tokenizer's worker threads (a core each while they encode), and the prompts it may
+# hold in flight: beyond that, a request is keyed on its text rather than queue for a thread.
+LOCAL_THREADS = 2
+LOCAL_PENDING = 64
 
 
 def lora_of(inbound: Inbound) -> str | None:
@@ -73,18 +86,20 @@ class _Entry:
 
 
 class Tokenizer:
-    """Token ids of requests, from the precise engines serving the model."""
+    """Token ids of requests to the precise engines serving the model: from one of them, or
+    from ``local``."""
 
     def __init__(
         self,
         timeout_seconds: float,
         engines: Callable[[str], Sequence[str]],
-        observe: Callable[[float, bool], None] = lambda _s, _ok: None,
+        observe: Callable[[float | None, bool], None] = lambda _s, _ok: None,
         upstream: Upstream | None = None,
+        local: LocalTokenizer | None = None,
     ) -> None:
         self.timeout = timeout_seconds
         self.engines = engines  # model -> precise engines serving it
-        self.observe = observe  # (seconds, succeeded)
+        self.observe = observe  # (seconds, or None for a call never made; succeeded)
         self._cache: OrderedDict[RoutingText, _Entry] = OrderedDict()
         # chained key of a cached text's last whole chunk -> the cached texts ending there
         self._heads: dict[int, list[RoutingText]] = {}
@@ -94,6 +109,11 @@ class Tokenizer:
         # The gateway's own (engines' API keys included); else one of the tokenizer's own.
         self._owned = upstream is None
         self._upstream: Upstream = upstream or HttpUpstream(timeout_seconds)
+        self._local = local
+        self._threads = (
+            ThreadPoolExecutor(LOCAL_THREADS, thread_name_prefix="tokenize") if local else None
+        )
+        self._jobs: dict[RoutingText, asyncio.Future[array[int] | None]] = {}
 
     async def close(self) -> None:
         """Stop background calls and close the client session."""
@@ -104,13 +124,15 @@ class Tokenizer:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._background.clear()  # a task cancelled before it ran never removed itself
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
         if self._owned:
             await self._upstream.close()
 
     @property
     def pending(self) -> int:
         """Background tokenizations in flight."""
-        return len(self._background)
+        return len(self._background) + len(self._jobs)
 
     async def __call__(self, inbound: Inbound) -> TokenPrompt | None:
         """The request's ids (or its head's), or None: no precise engine, or it could not say."""
@@ -127,6 +149,9 @@ class Tokenizer:
         if entry is not None:
             self._cache.move_to_end(rt)
             return TokenPrompt(entry.ids, lora, len(text))
+        if self._local is not None:
+            got = await self._encode(self._local, inbound)
+            return None if got is None else TokenPrompt(got, lora, len(text))
         keys = block_keys(rt, HEAD_CHUNK_CHARS)
         head = self._head(rt, keys)
         if head is not None:
@@ -185,6 +210,40 @@ class Tokenizer:
                 same.remove(old_rt)
                 if not same:
                     del self._heads[old.head_key]
+
+    async def _encode(self, local: LocalTokenizer, inbound: Inbound) -> array[int] | None:
+        """The prompt's ids from the local tokenizer, or None (cannot render, busy, too slow)."""
+        rt = inbound.text
+        job = self._jobs.get(rt)
+        if job is None:
+            if len(self._jobs) >= LOCAL_PENDING:
+                self.observe(None, False)
+                return None
+            job = asyncio.ensure_future(self._run_local(local, inbound))
+            self._jobs[rt] = job
+            job.add_done_callback(lambda _j: self._jobs.pop(rt, None))
+        try:
+            return await asyncio.wait_for(asyncio.shield(job), self.timeout)
+        except TimeoutError:
+            return None  # the job goes on, and the next request for this prompt finds it
+
+    async def _run_local(self, local: LocalTokenizer, inbound: Inbound) -> array[int] | None:
+        assert self._threads is not None
+        t = time.perf_counter()
+        try:
+            got = await asyncio.get_running_loop().run_in_executor(
+                self._threads, functools.partial(local.ids, inbound.body)
+            )
+            ids = token_array(got) if len(got) <= MAX_TOKENS else None
+            if ids is None:
+                raise ValueError("more ids than a prompt may have")
+        except ValueError as e:
+            log.debug("local tokenization failed: %s", e)
+            self.observe(time.perf_counter() - t, False)
+            return None
+        self.observe(time.perf_counter() - t, True)
+        self._remember(inbound.text, ids, ())  # exact ids need no heads: none are looked up
+        return ids
 
     async def _ask(self, engine: str, inbound: Inbound) -> array[int] | None:
         body = inbound.body

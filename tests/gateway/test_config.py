@@ -20,6 +20,7 @@ from router.gateway.config import (
     engine_url,
     load_config,
     load_config_text,
+    parse_config,
     with_overrides,
 )
 
@@ -322,3 +323,14 @@ def test_fuzz_config_any_file_config_or_config_error(text: str) -> None:
         assert str(e).startswith("fuzz.yaml: ")
         return
     assert isinstance(got, Config)
+
+
+def test_kv_events_tokenizer_is_engine_or_a_path(tmp_path: Path) -> None:
+    def tokenizer(value: str) -> str:
+        data = {"backends": {"kv_events": {"port": 5557, "tokenizer": value}}}
+        return parse_config(data).engines.kv_events.tokenizer
+
+    assert tokenizer("engine") == "engine"
+    assert tokenizer(str(tmp_path)) == str(tmp_path)  # loaded, and checked, at the start
+    with pytest.raises(ConfigError, match=r"backends\.kv_events\.tokenizer: must be 'engine'"):
+        tokenizer(str(tmp_path / "absent"))

@@ -1,10 +1,12 @@
-"""The router's tokenizer client: engines' POST /tokenize, the cache, heads of conversations."""
+"""The router's tokenizer client: engines' POST /tokenize, the cache, heads of conversations,
+and the local tokenizer's worker threads."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -14,8 +16,10 @@ from aiohttp import web
 from router.core.blocks import CHARS_PER_TOKEN
 from router.enginesim.tokens import token_ids
 from router.gateway.inbound import Inbound, parse
-from router.gateway.tokenize import HEAD_MARGIN_IDS, Tokenizer
+from router.gateway.local_tokenizer import LocalTokenizer
+from router.gateway.tokenize import HEAD_MARGIN_IDS, LOCAL_PENDING, Tokenizer
 from tests.support import LOOPBACK, free_port
+from tests.tokenizer_files import write_tokenizer
 
 MODEL = "m"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -190,3 +194,116 @@ async def test_tokenizer_close_stops_background_calls() -> None:
         await tok.close()
         assert tok.pending == 0
         release.set()
+
+
+# A local tokenizer (--tokenizer PATH): exact ids on worker threads, no engine asked.
+
+
+class Gated(LocalTokenizer):
+    """The model's tokenizer, counting its jobs; each waits for ``gate`` when it is set."""
+
+    def __init__(self, inner: LocalTokenizer) -> None:
+        self.inner = inner
+        self.jobs = 0
+        self.gate: threading.Event | None = None
+
+    def ids(self, body: Mapping[str, Any]) -> list[int]:
+        self.jobs += 1
+        if self.gate is not None:
+            self.gate.wait(10)
+        return self.inner.ids(body)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> LocalTokenizer:
+    return LocalTokenizer.load(write_tokenizer(tmp_path_factory.mktemp("model")))
+
+
+def chat(text: str) -> Inbound:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}]}
+    return parse(orjson.dumps(body), "/v1/chat/completions")
+
+
+async def test_local_tokenizer_gives_exact_ids_and_asks_no_engine(model: LocalTokenizer) -> None:
+    outcomes: list[tuple[bool, bool]] = []
+    local = Gated(model)
+    async with engines(1) as (urls, asked):
+        tok = Tokenizer(
+            5.0, lambda _m: urls, lambda s, ok: outcomes.append((s is not None, ok)), local=local
+        )
+        try:
+            req = chat(words(0, 50))
+            got = await tok(req)
+            assert got is not None
+            assert list(got.token_ids) == model.ids(req.body)
+            assert got.text_chars == len(req.text.text or "")
+            again = await tok(chat(words(0, 50)))  # the same prompt: from the cache
+            assert again is not None and list(again.token_ids) == list(got.token_ids)
+            longer = await tok(chat(words(0, 50) + words(90, 5)))  # no head: tokenized whole
+            assert longer is not None and len(longer.token_ids) > len(got.token_ids)
+        finally:
+            await tok.close()
+    assert asked == [[]]
+    assert local.jobs == 2
+    assert outcomes == [(True, True), (True, True)]
+
+
+async def test_local_tokenizer_what_it_cannot_render_falls_back(model: LocalTokenizer) -> None:
+    outcomes: list[bool] = []
+    local = Gated(model)
+    precise = {MODEL: ["http://engine"]}
+    tok = Tokenizer(
+        5.0, lambda m: precise.get(m, []), lambda _s, ok: outcomes.append(ok), local=local
+    )
+    try:
+        body = {"model": MODEL, "prompt": ["two", "prompts"]}
+        assert await tok(parse(orjson.dumps(body), "/v1/completions")) is None
+        other = parse(orjson.dumps({"model": "x", "prompt": "hi"}), "/v1/completions")
+        assert await tok(other) is None  # no precise engine serves it: no job at all
+    finally:
+        await tok.close()
+    assert outcomes == [False]
+    assert local.jobs == 1
+
+
+async def test_local_tokenizer_too_slow_routes_on_text_and_fills_the_cache_later(
+    model: LocalTokenizer,
+) -> None:
+    local = Gated(model)
+    local.gate = threading.Event()
+    tok = Tokenizer(0.05, lambda _m: ["http://engine"], local=local)
+    try:
+        req = chat(words(0, 20))
+        first, second = await asyncio.gather(tok(req), tok(chat(words(0, 20))))
+        assert first is None and second is None  # both waited on one job, past the timeout
+        assert local.jobs == 1
+        local.gate.set()
+        await settled(tok)
+        got = await tok(chat(words(0, 20)))
+        assert got is not None and list(got.token_ids) == model.ids(req.body)
+        assert local.jobs == 1
+    finally:
+        local.gate.set()
+        await tok.close()
+
+
+async def test_local_tokenizer_busy_keys_on_text_without_queueing(
+    model: LocalTokenizer,
+) -> None:
+    outcomes: list[tuple[float | None, bool]] = []
+    local = Gated(model)
+    local.gate = threading.Event()
+    tok = Tokenizer(
+        0.01, lambda _m: ["http://engine"], lambda s, ok: outcomes.append((s, ok)), local=local
+    )
+    try:
+        for i in range(LOCAL_PENDING):
+            assert await tok(chat(words(100 * i, 3))) is None
+        assert tok.pending == LOCAL_PENDING
+        assert await tok(chat(words(99_000, 3))) is None
+        assert outcomes == [(None, False)]  # refused: no job, no time measured
+    finally:
+        local.gate.set()
+        await settled(tok)
+        await tok.close()
+    assert local.jobs <= LOCAL_PENDING
