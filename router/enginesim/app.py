@@ -66,7 +66,7 @@ from router.enginesim.requests import (
     parse_generation,
 )
 from router.enginesim.responses import Reply, embeddings_body, models_body
-from router.enginesim.tokens import token_ids
+from router.enginesim.tokens import prompt_text, token_ids
 from router.gateway import sse
 from router.gateway.errors import (
     BadRequest,
@@ -287,7 +287,8 @@ async def tokenize(request: web.Request) -> web.Response:
     inbound = parse(orjson.dumps(body), route)
     if inbound.model != engine.settings.model:
         raise NotFound(f"The model `{inbound.model}` does not exist.", "model")
-    ids = token_ids(inbound.text)
+    engine.counters.tokenize_requests += 1
+    ids = token_ids(prompt_text(inbound, engine.settings.tokenizer))
     return _json({"tokens": ids, "count": len(ids), "max_model_len": MAX_MODEL_LEN})
 
 

@@ -20,6 +20,7 @@ from router.enginesim.app import LOOPBACK, serving
 from router.enginesim.engine import DEFAULT_MODEL, SimSettings
 from router.enginesim.kv_publisher import ENCODINGS, HASH_KINDS, EventSettings
 from router.gateway.eventloop import loop_factory
+from router.gateway.local_tokenizer import LocalTokenizer
 
 
 def settings_from_args(args: argparse.Namespace) -> SimSettings:
@@ -42,7 +43,12 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
             host=args.host,
         )
     return SimSettings(
-        model=args.model, spec=spec, fast=args.fast, events=events, api_key=args.api_key
+        model=args.model,
+        spec=spec,
+        fast=args.fast,
+        events=events,
+        api_key=args.api_key,
+        tokenizer=LocalTokenizer.load(args.tokenizer) if args.tokenizer else None,
     )
 
 
@@ -120,6 +126,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY",
         help="answer 401 to any request without 'Authorization: Bearer KEY', on every route "
         "(vLLM's --api-key guards /v1 only; guarding all shows a router sends it everywhere)",
+    )
+    add(
+        "--tokenizer",
+        metavar="PATH",
+        help="count prompts in this tokenizer's ids (a tokenizer.json, or a model's folder with "
+        "its chat template) rather than in 4-character pieces: in the cache, the KV events "
+        "and POST /tokenize",
     )
     ev = parser.add_argument_group(
         "KV cache events", "Publish the prefix cache's stores and evictions as vLLM does (ZMQ)."

@@ -21,6 +21,7 @@ from router.core.engine_model import EngineClock, EngineSpec, PrefixCache, Sched
 
 if TYPE_CHECKING:
     from router.enginesim.kv_publisher import EventSettings
+    from router.gateway.local_tokenizer import LocalTokenizer
 
 DEFAULT_MODEL = "sim-model"
 
@@ -39,6 +40,8 @@ class SimSettings:
     events: EventSettings | None = None
     # Every route wants ``Authorization: Bearer api_key`` (empty: none does).
     api_key: str = ""
+    # A model's tokenizer: prompts are its ids (router.enginesim.tokens); None: text pieces.
+    tokenizer: LocalTokenizer | None = None
 
 
 @dataclass(slots=True)
@@ -49,6 +52,7 @@ class Counters:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    tokenize_requests: int = 0  # POST /tokenize calls: a router's round trips for token ids
 
 
 @dataclass(slots=True)
@@ -163,6 +167,7 @@ class Engine:
             "prompt_tokens": c.prompt_tokens,
             "cached_tokens": c.cached_tokens,
             "completion_tokens": c.completion_tokens,
+            "tokenize_requests": c.tokenize_requests,
             "cache_hit_ratio": c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
             "running": running,
             "waiting": waiting,

@@ -19,7 +19,7 @@ from typing import Any
 
 from router.core.blocks import RoutingText
 from router.enginesim.engine import FAULT_MODES, Fault, SimSettings
-from router.enginesim.tokens import prefix_keys, prompt_tokens, text_tokens
+from router.enginesim.tokens import prefix_keys, prompt_text, prompt_tokens, text_tokens
 from router.gateway.errors import BadRequest, NotFound
 from router.gateway.inbound import Inbound, json_object, parse
 
@@ -121,8 +121,9 @@ def parse_generation(raw: bytes, endpoint: Endpoint, settings: SimSettings) -> G
     max_tokens = _opt_int(body, name, DEFAULT_MAX_TOKENS, 1, MAX_TOKENS_CAP, clamp=True)
     n = _opt_int(body, "n", 1, 1, MAX_CHOICES)
     batch = _batch_size(body.get("prompt")) if endpoint is Endpoint.COMPLETIONS else 1
-    tokens = prompt_tokens(inbound.text)
-    keys = prefix_keys(inbound.text, settings.spec.block_tokens)
+    text = prompt_text(inbound, settings.tokenizer)
+    tokens = prompt_tokens(text)
+    keys = prefix_keys(text, settings.spec.block_tokens)
     return Generation(
         endpoint=endpoint,
         stream=inbound.stream,
@@ -134,7 +135,7 @@ def parse_generation(raw: bytes, endpoint: Endpoint, settings: SimSettings) -> G
         prompt_tokens=tokens,
         keys=tuple(keys),
         seed=keys[-1] if keys else tokens,
-        text=inbound.text,
+        text=text,
     )
 
 

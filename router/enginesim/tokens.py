@@ -11,6 +11,11 @@ by the router's own chained hash (``router.core.blocks.block_keys``). An engine 
 whole fraction of the policy's ``block_chars`` (16 tokens against 512 characters) ends a block
 wherever the router does, and with equal sizes its keys are the router's keys.
 
+With a model's tokenizer (``engine-sim --tokenizer PATH``), a text prompt is its ids instead,
+as the router's local tokenizer computes them (``router.gateway.local_tokenizer``): the chat
+template applied, then encoded. From there on it is a token-id prompt like any other. A prompt
+the tokenizer cannot render (an image, no chat template) keeps its text pieces.
+
 Generated text is ``CHARS_PER_TOKEN`` characters per output token (a space and a three-letter
 word), so an answer sent back as the next turn's history counts as many tokens as were sent.
 """
@@ -23,11 +28,25 @@ from array import array
 import xxhash
 
 from router.core.blocks import CHARS_PER_TOKEN, RoutingText, block_keys
+from router.gateway.inbound import Inbound
+from router.gateway.local_tokenizer import LocalTokenizer
 
 # Output vocabulary: each entry is one output token of exactly CHARS_PER_TOKEN characters.
 # Seventeen entries, a prime, so the output of different prompts and choices differs.
 _SENTENCE = "the sly red fox ran far and one old owl saw him hop off the wet log"
 OUTPUT_TOKENS = tuple(" " + word for word in _SENTENCE.split())
+
+
+def prompt_text(inbound: Inbound, tokenizer: LocalTokenizer | None) -> RoutingText:
+    """What the engine counts of a request: its routing text, or the tokenizer's ids for it."""
+    rt = inbound.text
+    if tokenizer is None or rt.token_ids is not None:
+        return rt
+    try:
+        ids = tokenizer.ids(inbound.body)
+    except ValueError:
+        return rt
+    return RoutingText(rt.namespace, token_ids=array("I", ids))
 
 
 def prompt_tokens(rt: RoutingText) -> int:

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -32,21 +33,23 @@ from router.core.kv_events import (
 )
 from router.enginesim.app import serving
 from router.enginesim.kv_publisher import EventSettings
+from router.gateway.local_tokenizer import LocalTokenizer
 from tests.enginesim.support import FAST, MODEL, chat, post, prompt
 from tests.support import free_port
+from tests.tokenizer_files import write_tokenizer
 
 BLOCK = 4
 
 
 @asynccontextmanager
 async def publishing(
-    **kw: Any,
+    tokenizer: LocalTokenizer | None = None, **kw: Any
 ) -> AsyncIterator[tuple[aiohttp.ClientSession, zmq.asyncio.Socket, str]]:
     """An engine publishing events, an HTTP session to it, a SUB socket, the replay address."""
     port, replay = free_port(), free_port()
     events = EventSettings(port=port, replay_port=replay, topic="kv", **kw)
     spec = EngineSpec(capacity_tokens=BLOCK * 8, block_tokens=BLOCK)
-    settings = dataclasses.replace(FAST, spec=spec, events=events)
+    settings = dataclasses.replace(FAST, spec=spec, events=events, tokenizer=tokenizer)
     ctx = zmq.asyncio.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
@@ -118,6 +121,22 @@ async def test_events_key_to_the_tokenized_prompt(encoding: str, hashes: str) ->
         change = blocks.apply(more)
         assert change is not None
         assert list(change.stored) == token_keys(more_ids, BLOCK)[len(stored.block_hashes) :]
+
+
+async def test_with_a_tokenizer_events_carry_its_ids(tmp_path: Path) -> None:
+    local = LocalTokenizer.load(write_tokenizer(tmp_path))
+    async with publishing(tokenizer=local) as (http, sub, _):
+        body = chat("rule 3 keep answers short")  # fewer than the cache's 8 blocks
+        ids = await tokenize(http, {"model": MODEL, "messages": body["messages"]})
+        assert ids == local.ids(body)  # the router's local tokenizer computes the same
+        status, answer = await post(http, "/v1/chat/completions", body)
+        assert status == 200 and answer["usage"]["prompt_tokens"] == len(ids)
+        _, events = await next_events(sub)
+        (stored,) = events
+        assert isinstance(stored, BlockStored)
+        assert list(stored.token_ids) == ids[: len(ids) // BLOCK * BLOCK]
+        # A prompt given as ids is its ids, tokenizer or not.
+        assert await tokenize(http, {"model": MODEL, "prompt": [5, 6, 7]}) == [5, 6, 7]
 
 
 async def test_evictions_reset_and_replay() -> None:
