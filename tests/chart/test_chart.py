@@ -415,13 +415,51 @@ def test_kv_events_schema_bad_value_rejected_naming_the_key(
 
 @pytest.mark.parametrize(
     "values",
-    [{"replayPort": 5558}, {"topic": "kv"}],
-    ids=["replay-port-without-port", "topic-without-port"],
+    [
+        {"replayPort": 5558},
+        {"topic": "kv"},
+        {"tokenizer": {"volume": {"emptyDir": {}}, "path": ""}},
+    ],
+    ids=["replay-port-without-port", "topic-without-port", "tokenizer-without-port"],
 )
 def test_kv_events_settings_without_port_fail_with_reason(values: dict[str, Any]) -> None:
     """A replay port or topic with events off would be silently ignored: refuse it instead."""
     with pytest.raises(helm_python.HelmRenderError, match=r"kvEvents\.port is required"):
         render(kv_events_values(**values))
+
+
+def test_kv_events_tokenizer_volume_is_mounted_where_the_config_reads_it() -> None:
+    from router.gateway.config import parse_config
+
+    claim = {"persistentVolumeClaim": {"claimName": "model-weights", "readOnly": True}}
+    tokenizer = {"volume": claim, "path": "llama-3.1-8b/"}
+    out = render(kv_events_values(port=5557, tokenizer=tokenizer))
+    path = parse_config(out.router_config()).engines.kv_events.tokenizer
+    assert path == "/etc/kvrouter/tokenizer/llama-3.1-8b"
+    mount, volume = out.mount_for_file(path + "/tokenizer.json")
+    assert mount["readOnly"] is True
+    assert volume == {"name": "tokenizer", **claim}
+    # Without a volume the engines tokenize: no mount, and the config says nothing.
+    plain = render(kv_events_values(port=5557))
+    assert "tokenizer" not in plain.router_config()["backends"]["kv_events"]
+    with pytest.raises(AssertionError, match="on no volume mount"):
+        plain.mount_for_file("/etc/kvrouter/tokenizer/tokenizer.json")
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "error", "reason"),
+    [
+        ({"volume": {"emptyDir": {}}, "path": "/abs"}, helm_python.HelmValuesError, "path"),
+        ({"volume": {"emptyDir": {}}, "path": "a/../.."}, helm_python.HelmRenderError, r"\.\."),
+        ({"volume": {"emptyDir": {}}, "path": "", "x": 1}, helm_python.HelmValuesError, "x"),
+    ],
+    ids=["absolute-path", "dot-dot", "unknown-key"],
+)
+def test_kv_events_tokenizer_bad_values_fail_with_reason(
+    tokenizer: dict[str, Any], error: type[Exception], reason: str
+) -> None:
+    with pytest.raises(error, match=reason):
+        render(kv_events_values(port=5557, tokenizer=tokenizer))
 
 
 def test_kv_events_network_policy_leaves_egress_to_the_engines_open() -> None:

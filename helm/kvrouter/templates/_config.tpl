@@ -11,8 +11,14 @@ camelCase; the file's keys are the router's snake_case names.
 {{- $kv := $r.backends.kvEvents }}
 {{- if $kv.port }}
 {{- $_ := set $backends "kv_events" (dict "port" ($kv.port | int) "replay_port" ($kv.replayPort | int) "topic" $kv.topic) }}
-{{- else if or $kv.replayPort $kv.topic }}
-{{- fail "router.backends.kvEvents.port is required when replayPort or topic is set (0 turns KV events off)" }}
+{{- if $kv.tokenizer.volume }}
+{{- if has ".." (splitList "/" $kv.tokenizer.path) }}
+{{- fail "router.backends.kvEvents.tokenizer.path must stay inside the volume (no '..')" }}
+{{- end }}
+{{- $_ := set $backends.kv_events "tokenizer" (trimSuffix "/" (printf "%s/%s" (include "kvrouter.tokenizerDir" .) $kv.tokenizer.path)) }}
+{{- end }}
+{{- else if or $kv.replayPort $kv.topic $kv.tokenizer.volume }}
+{{- fail "router.backends.kvEvents.port is required when replayPort, topic or tokenizer.volume is set (0 turns KV events off)" }}
 {{- end }}
 {{- if include "kvrouter.engineApiKey" . }}
 {{- $_ := set $backends "api_key_env" (include "kvrouter.engineApiKeyEnv" .) }}

@@ -103,6 +103,7 @@ chart; the policy path is where the policy ConfigMap key is mounted, and config.
 {{- define "kvrouter.configDir" -}}/etc/kvrouter/config{{- end }}
 {{- define "kvrouter.policyDir" -}}/etc/kvrouter/policy{{- end }}
 {{- define "kvrouter.gossipTLSDir" -}}/etc/kvrouter/gossip-tls{{- end }}
+{{- define "kvrouter.tokenizerDir" -}}/etc/kvrouter/tokenizer{{- end }}
 
 {{/*
 The policy YAML: policy.inline when set, else the preset shipped under policies/. A preset
