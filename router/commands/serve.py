@@ -147,8 +147,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     k.add_argument(
         "--tokenizer",
-        metavar="engine",
-        help="where token ids come from: engine (its POST /tokenize; the default)",
+        metavar="engine|PATH",
+        help="where precise keys get token ids: engine (its POST /tokenize; the default), or "
+        "the model's tokenizer.json or folder, with its chat template (no round trip)",
     )
     add(
         "--log-level",

@@ -9,7 +9,6 @@ import contextlib
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from router import hostport
@@ -67,10 +66,13 @@ class KvEvents:
 
 
 def tokenizer_problem(tokenizer: str) -> str | None:
-    """What is wrong with a ``tokenizer`` setting (``engine``, or a path), or None."""
-    if tokenizer == "engine" or Path(tokenizer).exists():
+    """What is wrong with a ``tokenizer`` setting (``engine``, or a path), or None.
+
+    A path is read when the gateway starts (where it is mounted), not when a config is parsed.
+    """
+    if tokenizer.strip():
         return None
-    return f"must be 'engine' (the engine's POST /tokenize) or a tokenizer's path: no {tokenizer!r}"
+    return "must be 'engine' (the engine's POST /tokenize) or the path of the model's tokenizer"
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,13 +111,14 @@ def test_a_tokenizer_that_is_not_there_stops_the_start(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["serve", "--backend", "http://127.0.0.1:1", "--kv-events-port", "5557"]
-    assert main([*argv, "--tokenizer", str(tmp_path / "absent")]) == 2
+    assert main([*argv, "--tokenizer", ""]) == 2
     assert "--tokenizer: must be 'engine'" in capsys.readouterr().err
     assert main([*argv[:3], "--tokenizer", str(tmp_path)]) == 2  # no engine publishes events
     assert "token ids key only engines that publish KV events" in capsys.readouterr().err
-    broken = tmp_path / "tokenizer.json"
-    broken.write_text("{}")
-    args = [*CHECKOUT_KVROUTER, *argv, "--tokenizer", str(tmp_path), "--port", str(free_port())]
-    gone = subprocess.run(args, capture_output=True, timeout=60, check=False)
-    assert gone.returncode == 2
-    assert b"not a tokenizer file" in gone.stderr and b"Traceback" not in gone.stderr
+    (tmp_path / "tokenizer.json").write_text("{}")
+    cases = ((tmp_path / "absent", b"no tokenizer.json there"), (tmp_path, b"not a tokenizer file"))
+    for path, reason in cases:
+        args = [*CHECKOUT_KVROUTER, *argv, "--tokenizer", str(path), "--port", str(free_port())]
+        gone = subprocess.run(args, capture_output=True, timeout=60, check=False)
+        assert gone.returncode == 2
+        assert reason in gone.stderr and b"Traceback" not in gone.stderr
