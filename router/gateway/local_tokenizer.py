@@ -15,7 +15,7 @@ parts are joined with newlines (vLLM's "string" content format). Anything this c
 as the engine would (images, a list of prompts, no chat template) raises ``ValueError``, and
 the router keys that request on its text instead.
 
-``Tokenizer.encode`` holds the GIL; ``encode_batch`` releases it while it works, so the
+``Tokenizer.encode`` holds the GIL; ``encode_batch_fast`` releases it while it works, so the
 gateway tokenizes on worker threads without stalling its event loop (router.gateway.tokenize).
 """
 
@@ -185,8 +185,10 @@ class LocalTokenizer:
             raise ValueError(f"the chat template failed: {e}") from None
 
     def encode(self, text: str, special_tokens: bool) -> list[int]:
-        # encode_batch releases the GIL (encode does not): see the module docstring.
-        return list(self._tokenizer.encode_batch([text], add_special_tokens=special_tokens)[0].ids)
+        # The batch call releases the GIL (encode does not), and its "fast" form skips the
+        # character offsets nobody here reads: about half the time of encode_batch.
+        batch = self._tokenizer.encode_batch_fast([text], add_special_tokens=special_tokens)
+        return list(batch[0].ids)
 
     def ids(self, body: Mapping[str, Any]) -> list[int]:
         """The token ids the engine computes for a chat or completions body."""

@@ -23,9 +23,10 @@ it, and the router parses one id per token. So:
 - ids are checked and packed in C (``core.kv_events.token_array``), never one by one.
 
 With a local tokenizer (``--tokenizer PATH``, router.gateway.local_tokenizer) there is no round
-trip: a prompt not in the cache is tokenized whole, exactly, on one of ``LOCAL_THREADS`` worker
-threads (the tokenizer releases the GIL), at most ``LOCAL_PENDING`` at a time; identical
-prompts in flight share one job. A job still running at the timeout goes on and fills the
+trip, but the encode itself is the cost: a prompt is tokenized on one of ``LOCAL_THREADS``
+worker threads (the tokenizer releases the GIL), at most ``LOCAL_PENDING`` at a time, and
+identical prompts in flight share one job. Cached heads work as above, the whole prompt then
+being tokenized on a worker thread. A job still running at the timeout goes on and fills the
 cache, and the request is keyed on its text.
 """
 
@@ -149,9 +150,6 @@ class Tokenizer:
         if entry is not None:
             self._cache.move_to_end(rt)
             return TokenPrompt(entry.ids, lora, len(text))
-        if self._local is not None:
-            got = await self._encode(self._local, inbound)
-            return None if got is None else TokenPrompt(got, lora, len(text))
         keys = block_keys(rt, HEAD_CHUNK_CHARS)
         head = self._head(rt, keys)
         if head is not None:
@@ -160,6 +158,9 @@ class Tokenizer:
             n = max(0, len(ids) - HEAD_MARGIN_IDS)
             chars = len(head_text) * n // len(ids) if ids else 0
             return TokenPrompt(ids[:n], lora, chars)
+        if self._local is not None:
+            got = await self._encode(self._local, inbound, keys)
+            return None if got is None else TokenPrompt(got, lora, len(text))
         got = await self._ask(self._next(engines), inbound)
         if got is None:
             return None
@@ -180,6 +181,9 @@ class Tokenizer:
 
     def _in_background(self, inbound: Inbound, keys: Sequence[int], engines: Sequence[str]) -> None:
         rt = inbound.text
+        if self._local is not None:
+            self._job(self._local, inbound, keys)
+            return
         if rt in self._background or len(self._background) >= BACKGROUND_CALLS:
             return
         engine = self._next(engines)
@@ -211,23 +215,37 @@ class Tokenizer:
                 if not same:
                     del self._heads[old.head_key]
 
-    async def _encode(self, local: LocalTokenizer, inbound: Inbound) -> array[int] | None:
-        """The prompt's ids from the local tokenizer, or None (cannot render, busy, too slow)."""
+    def _job(
+        self, local: LocalTokenizer, inbound: Inbound, keys: Sequence[int]
+    ) -> asyncio.Future[array[int] | None] | None:
+        """The local tokenization of this prompt in flight, started if need be; None: no room."""
         rt = inbound.text
         job = self._jobs.get(rt)
-        if job is None:
-            if len(self._jobs) >= LOCAL_PENDING:
-                self.observe(None, False)
-                return None
-            job = asyncio.ensure_future(self._run_local(local, inbound))
+        if job is None and len(self._jobs) < LOCAL_PENDING:
+            job = asyncio.ensure_future(self._run_local(local, inbound, keys))
             self._jobs[rt] = job
             job.add_done_callback(lambda _j: self._jobs.pop(rt, None))
+        return job
+
+    async def _encode(
+        self, local: LocalTokenizer, inbound: Inbound, keys: Sequence[int]
+    ) -> array[int] | None:
+        """The prompt's ids from the local tokenizer, or None (cannot render, busy, too slow)."""
+        job = self._job(local, inbound, keys)
+        if job is None:
+            self.observe(None, False)
+            return None
         try:
             return await asyncio.wait_for(asyncio.shield(job), self.timeout)
         except TimeoutError:
-            return None  # the job goes on, and the next request for this prompt finds it
+            # Keyed on its text: a failure for this request. The job goes on (its time is
+            # measured when it ends), and the next request for this prompt finds its ids.
+            self.observe(None, False)
+            return None
 
-    async def _run_local(self, local: LocalTokenizer, inbound: Inbound) -> array[int] | None:
+    async def _run_local(
+        self, local: LocalTokenizer, inbound: Inbound, keys: Sequence[int]
+    ) -> array[int] | None:
         assert self._threads is not None
         t = time.perf_counter()
         try:
@@ -242,7 +260,7 @@ class Tokenizer:
             self.observe(time.perf_counter() - t, False)
             return None
         self.observe(time.perf_counter() - t, True)
-        self._remember(inbound.text, ids, ())  # exact ids need no heads: none are looked up
+        self._remember(inbound.text, ids, keys)
         return ids
 
     async def _ask(self, engine: str, inbound: Inbound) -> array[int] | None:

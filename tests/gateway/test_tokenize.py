@@ -248,6 +248,34 @@ async def test_local_tokenizer_gives_exact_ids_and_asks_no_engine(model: LocalTo
     assert outcomes == [(True, True), (True, True)]
 
 
+async def test_local_tokenizer_next_turn_routes_on_the_cached_head_at_once(
+    model: LocalTokenizer,
+) -> None:
+    local = Gated(model)
+    first = chat(words(0, 200))  # past a head chunk: the next turn finds it
+    second = chat(words(0, 200) + words(500, 50))
+    tok = Tokenizer(5.0, lambda _m: ["http://engine"], local=local)
+    try:
+        whole = await tok(first)
+        assert whole is not None and list(whole.token_ids) == model.ids(first.body)
+        local.gate = threading.Event()  # the next encode waits: the head must not
+        head = await tok(second)
+        assert head is not None
+        assert (
+            list(head.token_ids) == list(whole.token_ids)[: len(whole.token_ids) - HEAD_MARGIN_IDS]
+        )
+        assert tok.pending == 1  # the whole second turn, on a worker thread
+        local.gate.set()
+        await settled(tok)
+        again = await tok(second)
+        assert again is not None and list(again.token_ids) == model.ids(second.body)
+        assert local.jobs == 2
+    finally:
+        if local.gate is not None:
+            local.gate.set()
+        await tok.close()
+
+
 async def test_local_tokenizer_what_it_cannot_render_falls_back(model: LocalTokenizer) -> None:
     outcomes: list[bool] = []
     local = Gated(model)
@@ -269,19 +297,27 @@ async def test_local_tokenizer_what_it_cannot_render_falls_back(model: LocalToke
 async def test_local_tokenizer_too_slow_routes_on_text_and_fills_the_cache_later(
     model: LocalTokenizer,
 ) -> None:
+    outcomes: list[tuple[bool, bool]] = []
     local = Gated(model)
     local.gate = threading.Event()
-    tok = Tokenizer(0.05, lambda _m: ["http://engine"], local=local)
+    tok = Tokenizer(
+        0.05,
+        lambda _m: ["http://engine"],
+        lambda s, ok: outcomes.append((s is not None, ok)),
+        local=local,
+    )
     try:
         req = chat(words(0, 20))
         first, second = await asyncio.gather(tok(req), tok(chat(words(0, 20))))
         assert first is None and second is None  # both waited on one job, past the timeout
         assert local.jobs == 1
+        assert outcomes == [(False, False), (False, False)]  # two requests keyed on text
         local.gate.set()
         await settled(tok)
         got = await tok(chat(words(0, 20)))
         assert got is not None and list(got.token_ids) == model.ids(req.body)
         assert local.jobs == 1
+        assert outcomes[2:] == [(True, True)]  # the job's own time, when it ended
     finally:
         local.gate.set()
         await tok.close()
@@ -300,6 +336,7 @@ async def test_local_tokenizer_busy_keys_on_text_without_queueing(
         for i in range(LOCAL_PENDING):
             assert await tok(chat(words(100 * i, 3))) is None
         assert tok.pending == LOCAL_PENDING
+        outcomes.clear()  # each timed out (a failure without a time)
         assert await tok(chat(words(99_000, 3))) is None
         assert outcomes == [(None, False)]  # refused: no job, no time measured
     finally:
