@@ -1,12 +1,14 @@
 """KV events live: approximate against precise routing, with bypass traffic and a restart.
 
-Three runs of the same workload, each on fresh processes on loopback (free ports):
+Runs of the same workload, each on fresh processes on loopback (free ports):
 
 - ``approximate``: ``--engines`` timed ``engine-sim`` processes behind ``kvrouter serve``
   (kv-aware, told the engines' cache size) without KV events: the router's index is what it
   routed, aged by its own eviction model;
 - ``precise``: the same, with ``--kv-events`` for every engine: the index is what the engines
   say they store and evict (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``);
+- ``precise-local``: ``precise`` with the router's own tokenizer (``--tokenizer``): token ids
+  without a ``/tokenize`` round trip;
 - ``pooled``: one engine-sim with the whole fleet's cache, prefill compute and slots taking
   all the traffic (``EngineSpec.pooled``): what a perfect router could not beat.
 
@@ -29,7 +31,14 @@ event, of routed requests. Every wait and the whole replay are bounded.
         [--requests 3000] [--concurrency 16] [--engines 4] [--kv-capacity-tokens 800000]
         [--bypass-share 0.2] [--restart-at 0.5] [--restart-engine 0] [--seed 1]
         [--max-tokens 16] [--tokenize-timeout 0.5] [--run-timeout 900]
-        [--runs approximate precise pooled] [--json]
+        [--tokenizer PATH|words] [--runs approximate precise precise-local pooled] [--json]
+
+``--tokenizer`` gives every engine-sim of every run a model's tokenizer, so prompts count in
+its ids, and adds ``precise-local``. ``words`` makes one here with an id per word of the run's
+own prompts (``tests.tokenizer_files.write_word_tokenizer``; a Mooncake word is 8 characters,
+so a prompt counts half the tokens it does without a tokenizer): a lookup per word, so that
+four engines and the router tokenizing every prompt do not swamp a small machine. The table's
+``/tokenize`` column counts the round trips the engines answered.
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ from router.core.workload import from_mooncake
 from router.presets import preset_text
 from tests.support import LOOPBACK, Proc, free_port, http_json, metric, running, start_kvrouter
 from tests.support import wait_until as wait
+from tests.tokenizer_files import write_word_tokenizer
 
 MODEL = "sim-model"
 COMPLETIONS = "/v1/completions"
@@ -67,7 +77,7 @@ PREFILL_TOKENS_PER_S = 400_000
 DECODE_TOKENS_PER_S = 1_000
 MAX_BATCH = 16
 REQUEST_TIMEOUT_S = 120.0
-RUNS = ("approximate", "precise", "pooled")
+RUNS = ("approximate", "precise", "precise-local", "pooled")
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,7 @@ class Result:
     cached_tokens: int
     requests_per_engine: list[int]
     seconds: float
+    tokenize_calls: int = 0  # POST /tokenize the engines answered
     router_metrics: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -189,7 +200,7 @@ async def replay(
     return routed, bypass, before_reset
 
 
-def engine_args(capacity: int, engines: int, events: bool) -> list[str]:
+def engine_args(capacity: int, engines: int, events: bool, tokenizer: str | None) -> list[str]:
     """engine-sim flags for one engine of the fleet (``engines`` > 1 pools that many)."""
     args = [
         "engine-sim", "--model", MODEL,
@@ -198,6 +209,8 @@ def engine_args(capacity: int, engines: int, events: bool) -> list[str]:
         "--decode-tokens-per-s", str(DECODE_TOKENS_PER_S),
         "--max-batch", str(MAX_BATCH * engines),
     ]  # fmt: skip
+    if tokenizer:
+        args += ["--tokenizer", tokenizer]
     if events:
         args += ["--kv-events-port", str(free_port())]
         args += ["--kv-events-replay-port", str(free_port())]
@@ -216,6 +229,8 @@ ROUTER_SERIES = (
     "kvrouter_kv_event_gaps_total",
     "kvrouter_kv_events_degraded_backends",
     "kvrouter_tokenize_failures_total",
+    "kvrouter_tokenize_seconds_count",
+    "kvrouter_tokenize_seconds_sum",
     "kvrouter_retries_total",
 )
 
@@ -224,14 +239,16 @@ def one_run(
     name: str, work: Sequence[Planned], args: argparse.Namespace, tmp: Path, policy: Path
 ) -> Result:
     pooled = name == "pooled"
-    precise = name == "precise"
+    precise = name.startswith("precise")
     n_engines = 1 if pooled else args.engines
     restart_index = int(args.restart_at * len(work))
     with running([]) as procs:
         engines: list[Proc] = []
         events: list[str] = []
         for _ in range(n_engines):
-            cmd = engine_args(args.kv_capacity_tokens, args.engines if pooled else 1, precise)
+            cmd = engine_args(
+                args.kv_capacity_tokens, args.engines if pooled else 1, precise, args.tokenizer
+            )
             # start_kvrouter appends --port; the event ports are already in the command.
             engines.append(start_kvrouter(cmd, tmp, timeout=60))
             procs.append(engines[-1])
@@ -240,7 +257,9 @@ def one_run(
         router: Proc | None = None
         if not pooled:
             config = tmp / f"serve-{name}.yaml"
-            kv = {"tokenize_timeout_seconds": args.tokenize_timeout}
+            kv: dict[str, object] = {"tokenize_timeout_seconds": args.tokenize_timeout}
+            if name == "precise-local":
+                kv["tokenizer"] = args.tokenizer
             config.write_text(json.dumps({"engines": {"kv_events": kv}}))
             serve = ["serve", "--config", str(config), "--host", LOOPBACK, "--policy", str(policy)]
             serve += ["--log-level", "warning"]
@@ -273,7 +292,9 @@ def one_run(
     cached = sum(int(s["cached_tokens"]) for s in stats) + int(before.get("cached_tokens", 0))
     if before and not pooled:
         counts[args.restart_engine % n_engines] += int(before.get("requests", 0))
-    return Result(name, routed, bypass, prompt, cached, counts, seconds, series)
+    calls = sum(int(s["tokenize_requests"]) for s in stats)
+    calls += int(before.get("tokenize_requests", 0))
+    return Result(name, routed, bypass, prompt, cached, counts, seconds, calls, series)
 
 
 def ms(seconds: float) -> str:
@@ -284,7 +305,8 @@ def table(results: Sequence[Result]) -> Iterator[str]:
     pooled = next((r.hit_ratio for r in results if r.run == "pooled"), 0.0)
     head = [
         "run", "hit ratio (engines)", "x pooled", "routed hit", "bypass hit",
-        "TTFT p50 ms", "TTFT p99 ms", "busiest/mean", "failed", "s",
+        "TTFT p50 ms", "TTFT p99 ms", "tokenize ms (mean)", "/tokenize", "busiest/mean",
+        "failed", "s",
     ]  # fmt: skip
     yield "| " + " | ".join(head) + " |"
     yield "|" + "---|" * len(head)
@@ -297,11 +319,18 @@ def table(results: Sequence[Result]) -> Iterator[str]:
             f"{r.bypass.hit_ratio:.4f}",
             ms(percentile(r.routed.ttfts, 50)),
             ms(percentile(r.routed.ttfts, 99)),
+            _tokenize_mean(r),
+            str(r.tokenize_calls),
             f"{r.busiest_share:.2f}" if r.run != "pooled" else "-",
             str(r.routed.failed + r.bypass.failed),
             f"{r.seconds:.0f}",
         ]
         yield "| " + " | ".join(row) + " |"
+
+
+def _tokenize_mean(r: Result) -> str:
+    n = r.router_metrics.get("kvrouter_tokenize_seconds_count", 0.0)
+    return f"{r.router_metrics['kvrouter_tokenize_seconds_sum'] / n * 1000:.1f}" if n else "-"
 
 
 def _raise_exit(signum: int, frame: FrameType | None) -> None:
@@ -329,11 +358,20 @@ def main(argv: list[str] | None = None) -> int:
         default=0.5,
         help="the router's engines.kv_events.tokenize_timeout_seconds (0.5: its default)",
     )
-    p.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH|words",
+        help="the model's tokenizer for every engine, and for the precise-local router",
+    )
+    p.add_argument("--runs", nargs="+", choices=RUNS)
     p.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = p.parse_args(argv)
     if not 0 <= args.bypass_share < 1 or not 0 <= args.restart_at <= 1:
         p.error("--bypass-share must be in [0, 1) and --restart-at in [0, 1]")
+    if args.runs is None:
+        args.runs = [r for r in RUNS if args.tokenizer or r != "precise-local"]
+    if "precise-local" in args.runs and not args.tokenizer:
+        p.error("the precise-local run needs --tokenizer")
 
     work = plan(
         Path(args.trace),
@@ -350,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         policy = tmp_path / "policy.yaml"
         settings = {"index.engine_capacity_tokens": args.kv_capacity_tokens}
         policy.write_text(preset_text("kv-aware", settings))
+        if args.tokenizer == "words":
+            prompts = (str(orjson.loads(w.body)["prompt"]) for w in work)
+            args.tokenizer = str(write_word_tokenizer(tmp_path / "model", prompts))
         for name in args.runs:
             r = one_run(name, work, args, tmp_path, policy)
             print(
@@ -367,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         f"round-robin), {args.engines} engine-sims of {args.kv_capacity_tokens:,} tokens of "
         f"cache, engine {args.restart_engine} reset at request "
         f"{int(args.restart_at * len(work))}, concurrency {args.concurrency}, kv-aware, "
-        f"tokenize timeout {args.tokenize_timeout} s\n"
+        f"tokenize timeout {args.tokenize_timeout} s"
+        f"{', engines tokenize with ' + args.tokenizer if args.tokenizer else ''}\n"
     )
     for line in table(results):
         print(line)
@@ -385,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
                         "ttft_p50_s": percentile(r.routed.ttfts, 50),
                         "ttft_p99_s": percentile(r.routed.ttfts, 99),
                         "requests_per_engine": r.requests_per_engine,
+                        "tokenize_calls": r.tokenize_calls,
                         "failed": r.routed.failed + r.bypass.failed,
                         "seconds": r.seconds,
                         "router_metrics": r.router_metrics,
