@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from router.core.decision import RoutingCore
 from router.core.fields import ConfigError
+from router.core.kv_events import token_keys
 from router.core.load import EngineReport, Load
 from router.core.policy import Policy
 from router.core.retry_budget import BudgetRules, RetryBudget
@@ -188,6 +189,7 @@ class Gateway:
                 self._tokenized,
                 upstream=self.upstream,  # the engines' API keys go with every call
                 local=_local_tokenizer(kv.tokenizer),
+                holds=self._held_whole,
             )
         # Client connections of this process: the cap and the header deadline (runtime).
         self.connections = Connections(config.limits)
@@ -224,6 +226,15 @@ class Gateway:
         except GatewayError:
             return ()
         return [e for e in cands if e in self.core.precise]
+
+    def _held_whole(self, model: str, lora: str | None, ids: Sequence[int]) -> bool:
+        """Whether a precise engine serving ``model`` holds every full block of ``ids``."""
+        core = self.core
+        for e in self._precise_engines(model):
+            keys = token_keys(ids, core.precise[e], lora)
+            if keys and core.index.event_overlap(e, keys, lambda _m: 1.0)[0] == len(keys):
+                return True
+        return False
 
     def _tokenized(self, seconds: float | None, ok: bool) -> None:
         if seconds is not None:

@@ -190,16 +190,21 @@ class LocalTokenizer:
         batch = self._tokenizer.encode_batch_fast([text], add_special_tokens=special_tokens)
         return list(batch[0].ids)
 
-    def ids(self, body: Mapping[str, Any]) -> list[int]:
-        """The token ids the engine computes for a chat or completions body."""
+    def text_of(self, body: Mapping[str, Any]) -> tuple[str, bool]:
+        """The text the engine encodes for a chat or completions body, and whether special
+        tokens are added to it (a plain prompt's) or written by the chat template."""
         messages = body.get("messages")
         if messages is not None:
             if not isinstance(messages, list):
                 raise ValueError("'messages' must be an array")
-            return self.encode(self.render(messages, body.get("tools")), special_tokens=False)
+            return self.render(messages, body.get("tools")), False
         prompt = body.get("prompt", body.get("input"))
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if not isinstance(prompt, str):
             raise ValueError("only a 'prompt' string or 'messages' tokenize locally")
-        return self.encode(prompt, special_tokens=True)
+        return prompt, True
+
+    def ids(self, body: Mapping[str, Any]) -> list[int]:
+        """The token ids the engine computes for a chat or completions body."""
+        return self.encode(*self.text_of(body))

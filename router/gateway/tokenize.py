@@ -28,13 +28,18 @@ worker threads (the tokenizer releases the GIL), at most ``LOCAL_PENDING`` at a 
 identical prompts in flight share one job. Cached heads work as above, the whole prompt then
 being tokenized on a worker thread. A job still running at the timeout goes on and fills the
 cache, and the request is keyed on its text.
+
+A long prompt is encoded in two steps: its first ``PARTIAL_CHARS`` (cut before a space, less
+``HEAD_MARGIN_IDS`` ids at the cut), then the whole only if some precise engine holds every
+block of that start (``holds``). Most long prompts share a short prefix if any (a first turn,
+a new document), and the ids of their tail would key nothing: their encode costs a quarter
+or less. A prompt whose start is held costs its start twice. Only whole prompts are cached.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import logging
 import time
@@ -73,6 +78,23 @@ BACKGROUND_CALLS = 4
 # hold in flight: beyond that, a request is keyed on its text rather than queue for a thread.
 LOCAL_THREADS = 2
 LOCAL_PENDING = 64
+# Prompts longer than PARTIAL_ABOVE characters are encoded first up to PARTIAL_CHARS.
+PARTIAL_ABOVE = 65_536
+PARTIAL_CHARS = 16_384
+
+
+@dataclass(frozen=True, slots=True)
+class _Ids:
+    ids: array[int]
+    share: float  # of the prompt's text the ids cover (1.0: all of it)
+
+
+def _packed(ids: list[int]) -> array[int]:
+    """Ids as ``array('I')``; raises ``ValueError`` when there are too many or one is bad."""
+    got = token_array(ids) if len(ids) <= MAX_TOKENS else None
+    if got is None:
+        raise ValueError("more ids than a prompt may have, or one that is not a token id")
+    return got
 
 
 def lora_of(inbound: Inbound) -> str | None:
@@ -97,6 +119,7 @@ class Tokenizer:
         observe: Callable[[float | None, bool], None] = lambda _s, _ok: None,
         upstream: Upstream | None = None,
         local: LocalTokenizer | None = None,
+        holds: Callable[[str, str | None, Sequence[int]], bool] | None = None,
     ) -> None:
         self.timeout = timeout_seconds
         self.engines = engines  # model -> precise engines serving it
@@ -114,7 +137,10 @@ class Tokenizer:
         self._threads = (
             ThreadPoolExecutor(LOCAL_THREADS, thread_name_prefix="tokenize") if local else None
         )
-        self._jobs: dict[RoutingText, asyncio.Future[array[int] | None]] = {}
+        self._jobs: dict[RoutingText, asyncio.Future[_Ids | None]] = {}
+        # (model, LoRA adapter, ids) -> whether a precise engine holds every block of the ids;
+        # None: every prompt is encoded whole.
+        self._holds = holds
 
     async def close(self) -> None:
         """Stop background calls and close the client session."""
@@ -159,8 +185,10 @@ class Tokenizer:
             chars = len(head_text) * n // len(ids) if ids else 0
             return TokenPrompt(ids[:n], lora, chars)
         if self._local is not None:
-            got = await self._encode(self._local, inbound, keys)
-            return None if got is None else TokenPrompt(got, lora, len(text))
+            done = await self._encode(self._local, inbound, keys)
+            if done is None:
+                return None
+            return TokenPrompt(done.ids, lora, round(len(text) * done.share))
         got = await self._ask(self._next(engines), inbound)
         if got is None:
             return None
@@ -182,7 +210,7 @@ class Tokenizer:
     def _in_background(self, inbound: Inbound, keys: Sequence[int], engines: Sequence[str]) -> None:
         rt = inbound.text
         if self._local is not None:
-            self._job(self._local, inbound, keys)
+            self._job(self._local, inbound, keys, whole=True)  # a head for the next turn
             return
         if rt in self._background or len(self._background) >= BACKGROUND_CALLS:
             return
@@ -216,20 +244,20 @@ class Tokenizer:
                     del self._heads[old.head_key]
 
     def _job(
-        self, local: LocalTokenizer, inbound: Inbound, keys: Sequence[int]
-    ) -> asyncio.Future[array[int] | None] | None:
+        self, local: LocalTokenizer, inbound: Inbound, keys: Sequence[int], whole: bool = False
+    ) -> asyncio.Future[_Ids | None] | None:
         """The local tokenization of this prompt in flight, started if need be; None: no room."""
         rt = inbound.text
         job = self._jobs.get(rt)
         if job is None and len(self._jobs) < LOCAL_PENDING:
-            job = asyncio.ensure_future(self._run_local(local, inbound, keys))
+            job = asyncio.ensure_future(self._run_local(local, inbound, keys, whole))
             self._jobs[rt] = job
             job.add_done_callback(lambda _j: self._jobs.pop(rt, None))
         return job
 
     async def _encode(
         self, local: LocalTokenizer, inbound: Inbound, keys: Sequence[int]
-    ) -> array[int] | None:
+    ) -> _Ids | None:
         """The prompt's ids from the local tokenizer, or None (cannot render, busy, too slow)."""
         job = self._job(local, inbound, keys)
         if job is None:
@@ -244,24 +272,31 @@ class Tokenizer:
             return None
 
     async def _run_local(
-        self, local: LocalTokenizer, inbound: Inbound, keys: Sequence[int]
-    ) -> array[int] | None:
+        self, local: LocalTokenizer, inbound: Inbound, keys: Sequence[int], whole: bool
+    ) -> _Ids | None:
         assert self._threads is not None
+        threads, loop = self._threads, asyncio.get_running_loop()
         t = time.perf_counter()
         try:
-            got = await asyncio.get_running_loop().run_in_executor(
-                self._threads, functools.partial(local.ids, inbound.body)
-            )
-            ids = token_array(got) if len(got) <= MAX_TOKENS else None
-            if ids is None:
-                raise ValueError("more ids than a prompt may have")
+            text, special = await loop.run_in_executor(threads, local.text_of, inbound.body)
+            if not whole and self._holds is not None and len(text) > PARTIAL_ABOVE:
+                # Before a space: the words up to it encode as they do in the whole text.
+                space = text.rfind(" ", PARTIAL_CHARS // 2, PARTIAL_CHARS)
+                cut = space if space > 0 else PARTIAL_CHARS
+                start = await loop.run_in_executor(threads, local.encode, text[:cut], special)
+                n = max(0, len(start) - HEAD_MARGIN_IDS)
+                head = _packed(start[:n])
+                if not self._holds(inbound.model, lora_of(inbound), head):
+                    self.observe(time.perf_counter() - t, True)
+                    return _Ids(head, cut * n / len(start) / len(text) if start else 0.0)
+            ids = _packed(await loop.run_in_executor(threads, local.encode, text, special))
         except ValueError as e:
             log.debug("local tokenization failed: %s", e)
             self.observe(time.perf_counter() - t, False)
             return None
         self.observe(time.perf_counter() - t, True)
         self._remember(inbound.text, ids, keys)
-        return ids
+        return _Ids(ids, 1.0)
 
     async def _ask(self, engine: str, inbound: Inbound) -> array[int] | None:
         body = inbound.body

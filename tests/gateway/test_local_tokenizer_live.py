@@ -107,6 +107,27 @@ def test_bypass_prefix_is_found_with_local_ids_and_no_round_trip(fleet: Fleet) -
     assert metric(fleet.router, "kvrouter_tokenize_failures_total") == 0
 
 
+def test_a_long_prompt_held_whole_is_encoded_whole(fleet: Fleet) -> None:
+    """Past PARTIAL_ABOVE characters the router encodes the start first, and all of it only
+    when an engine holds that start: here one does, so the overlap covers the whole prompt."""
+    target = fleet.engines[0]
+    long = " ".join(f"long rule {i} keep answers short" for i in range(2600))  # ~73,000
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": long}]
+    http_json(
+        f"{target.url}/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 1}
+    )
+
+    def seen() -> bool:
+        c, _ = fleet.candidate(msgs, target)
+        return bool(c["overlap_source"] == "event" and c["overlap_blocks"] > 0)
+
+    wait_until(seen, "the long prompt's events")
+    got = http_json(f"{fleet.router.url}/debug/route", {"model": MODEL, "messages": msgs}, ADMIN)
+    held = next(c for c in got["candidates"] if c["engine"] == target.url)
+    assert got["engine"] == target.url
+    assert held["overlap_blocks"] >= got["blocks"] - 2  # not just the first 16,384 characters
+
+
 def test_a_tokenizer_that_is_not_there_stops_the_start(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -17,7 +17,13 @@ from router.core.blocks import CHARS_PER_TOKEN
 from router.enginesim.tokens import token_ids
 from router.gateway.inbound import Inbound, parse
 from router.gateway.local_tokenizer import LocalTokenizer
-from router.gateway.tokenize import HEAD_MARGIN_IDS, LOCAL_PENDING, Tokenizer
+from router.gateway.tokenize import (
+    HEAD_MARGIN_IDS,
+    LOCAL_PENDING,
+    PARTIAL_ABOVE,
+    PARTIAL_CHARS,
+    Tokenizer,
+)
 from tests.support import LOOPBACK, free_port
 from tests.tokenizer_files import write_tokenizer
 
@@ -207,11 +213,14 @@ class Gated(LocalTokenizer):
         self.jobs = 0
         self.gate: threading.Event | None = None
 
-    def ids(self, body: Mapping[str, Any]) -> list[int]:
+    def text_of(self, body: Mapping[str, Any]) -> tuple[str, bool]:
         self.jobs += 1
         if self.gate is not None:
             self.gate.wait(10)
-        return self.inner.ids(body)
+        return self.inner.text_of(body)
+
+    def encode(self, text: str, special_tokens: bool) -> list[int]:
+        return self.inner.encode(text, special_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -273,6 +282,39 @@ async def test_local_tokenizer_next_turn_routes_on_the_cached_head_at_once(
     finally:
         if local.gate is not None:
             local.gate.set()
+        await tok.close()
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["start-not-held", "start-held"])
+async def test_local_tokenizer_long_prompt_encodes_its_start_first(
+    model: LocalTokenizer, held: bool
+) -> None:
+    local = Gated(model)
+    asked: list[tuple[str, str | None, int]] = []
+
+    def holds(m: str, lora: str | None, ids: Sequence[int]) -> bool:
+        asked.append((m, lora, len(ids)))
+        return held
+
+    text = words(0, PARTIAL_ABOVE // 8 + 100)  # 8 characters a word: past the threshold
+    req = inbound(text)
+    whole = model.ids(req.body)
+    tok = Tokenizer(5.0, lambda _m: ["http://engine"], local=local, holds=holds)
+    try:
+        got = await tok(req)
+        assert got is not None
+        ids = list(got.token_ids)
+        assert len(asked) == 1 and asked[0][:2] == (MODEL, None)
+        if held:  # an engine holds all of the start: the whole prompt, cached
+            assert ids == whole and got.text_chars == len(text)
+            assert await tok(inbound(text)) is not None and local.jobs == 1
+        else:  # nobody holds all of the start: its ids are the prompt's first ids, exactly
+            assert 0 < len(ids) == asked[0][2] < len(whole) // 3
+            assert ids == whole[: len(ids)]
+            assert got.text_chars is not None
+            assert PARTIAL_CHARS // 2 < got.text_chars <= PARTIAL_CHARS
+            assert await tok(inbound(text)) is not None and local.jobs == 2  # not cached
+    finally:
         await tok.close()
 
 
