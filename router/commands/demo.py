@@ -110,8 +110,8 @@ def _processes() -> Iterator[list[_Proc]]:
                 p.popen.wait(5)
 
 
-def _start(procs: list[_Proc], name: str, args: Sequence[str], log: Path) -> _Proc:
-    port = _free_port()
+def _start(procs: list[_Proc], name: str, args: Sequence[str], log: Path, port: int = 0) -> _Proc:
+    port = port or _free_port()
     cmd = [sys.executable, "-m", "router.cli", *args, "--host", LOOPBACK, "--port", str(port)]
     with log.open("ab") as out:
         popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
@@ -316,7 +316,7 @@ async def _main(args: argparse.Namespace, workdir: Path) -> list[PhaseResult]:
         ]
         backends = [a for e in engines for a in ("--backend", e.url)]
         gateway_args = ["serve", *backends, "--policy", str(policy_file)]
-        gateway = _start(procs, "gateway", gateway_args, log)
+        gateway = _start(procs, "gateway", gateway_args, log, args.port)
         async with _client(args.concurrency) as session:
             await _wait_fleet(session, engines, gateway, log)
             print(f"gateway {gateway.url} in front of {', '.join(e.url for e in engines)}")

@@ -168,7 +168,7 @@ async def _routing_run(
             if precise:
                 endpoints = f"tcp://{LOOPBACK}:{pub},tcp://{LOOPBACK}:{replay}"
                 gateway_args += ["--kv-events", f"{e.url}={endpoints}"]
-        gateway = _start(procs, "gateway", gateway_args, log)
+        gateway = _start(procs, "gateway", gateway_args, log, args.port)
         async with _client(args.concurrency) as session:
             await _wait_fleet(session, engines, gateway, log)
             await _wait_all_healthy(session, gateway, log)

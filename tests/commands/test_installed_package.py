@@ -29,7 +29,7 @@ import pytest
 
 from router.core.simulator import POOLED, SimResult
 from router.presets import DEFAULT, NAMES
-from tests.support import LOOPBACK, ROOT, Proc, metric, start_kvrouter, wait_until
+from tests.support import LOOPBACK, ROOT, Proc, free_port, metric, start_kvrouter, wait_until
 
 # Building and installing the wheel is part of the first test that needs it.
 INSTALL_TIMEOUT_S = 600
@@ -247,6 +247,8 @@ def test_installed_serve_replicas_gossip_with_each_other(
 @pytest.mark.integration
 @pytest.mark.timeout(INSTALL_TIMEOUT_S + 360)
 def test_installed_demo_runs_to_the_end(installed: Installed) -> None:
-    res = installed.run(installed.kvrouter, "demo", timeout=300)
+    port = free_port()
+    res = installed.run(installed.kvrouter, "demo", "--port", str(port), timeout=300)
     assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
     assert "round-robin" in res.stdout and "kv-aware" in res.stdout
+    assert f"gateway http://127.0.0.1:{port} in front of" in res.stdout
