@@ -71,6 +71,19 @@ def endpoints_for(cfg: KvEventsConfig, engines: list[str]) -> dict[str, tuple[st
     return out
 
 
+def sharing(wanted: Mapping[str, tuple[str, str | None]]) -> dict[str, list[str]]:
+    """Event endpoints named for more than one engine, with those engines' URLs.
+
+    One publisher's events cannot be told apart by engine: subscribed for each, they would
+    credit every one of them with blocks only one holds. Engines sharing a host need their own
+    endpoints (``kv_events.endpoints``, ``--kv-events URL=...``), not the port rule.
+    """
+    by_endpoint: dict[str, list[str]] = {}
+    for url, (endpoint, _replay) in wanted.items():
+        by_endpoint.setdefault(endpoint, []).append(url)
+    return {ep: sorted(urls) for ep, urls in by_endpoint.items() if len(urls) > 1}
+
+
 class EventMetrics:
     """The kvrouter_kv_* and kvrouter_tokenize_* series."""
 
@@ -207,6 +220,7 @@ class Subscriber:
         self.clock = clock
         self.feeds: dict[str, Feed] = {}
         self._ctx = zmq.asyncio.Context()
+        self._shared: set[str] = set()  # endpoints already warned of (``sharing``)
 
     def _degraded_gauge(self) -> None:
         self.metrics.degraded.set(sum(1 for f in self.feeds.values() if f.degraded))
@@ -216,7 +230,7 @@ class Subscriber:
         tasks: dict[str, asyncio.Task[None]] = {}
         try:
             while True:
-                wanted = endpoints_for(self.cfg, list(self.engines()))
+                wanted = self.wanted()
                 for url in set(tasks) - set(wanted):
                     tasks.pop(url).cancel()
                     self.feeds.pop(url, None)
@@ -235,6 +249,21 @@ class Subscriber:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
             self.close()
+
+    def wanted(self) -> dict[str, tuple[str, str | None]]:
+        """The engines to subscribe to, less those sharing an endpoint (warned of once)."""
+        wanted = endpoints_for(self.cfg, list(self.engines()))
+        for endpoint, urls in sharing(wanted).items():
+            if endpoint not in self._shared:
+                self._shared.add(endpoint)
+                log.warning(
+                    "KV events: engines %s all map to %s; routing them on approximate keys. "
+                    "Engines that share a host need their own endpoints (--kv-events URL=...)",
+                    ", ".join(urls), endpoint,
+                )  # fmt: skip
+            for url in urls:
+                del wanted[url]
+        return wanted
 
     def close(self) -> None:
         """Release the ZMQ context (``run`` does it when it stops)."""

@@ -7,10 +7,12 @@ the replay endpoint, where one is needed, is a real engine-sim publisher on loop
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import cast
 
+import pytest
 import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
@@ -148,3 +150,25 @@ def test_endpoints_explicit_win_over_the_port_rule() -> None:
         "http://[::1]:80": ("tcp://[::1]:5557", "tcp://[::1]:5558"),
     }
     assert endpoints_for(KvEvents(), ["http://10.0.0.1:8000"]) == {}
+
+
+def test_engines_sharing_an_endpoint_are_not_subscribed(caplog: pytest.LogCaptureFixture) -> None:
+    """The port rule on two engines of one host names one publisher twice: its events would
+    credit both engines, so neither is subscribed, and the log says why (once)."""
+    a, b, c = "http://127.0.0.1:8001", "http://127.0.0.1:8002", "http://10.0.0.3:8000"
+    cfg = KvEvents(port=5557, endpoints={c: KvEventEndpoint("tcp://10.0.0.3:5557")})
+    core = RoutingCore(load_policy(preset_path("kv-aware")))
+    engines = dict.fromkeys([a, b, c], True)
+    sub = Subscriber(core, cfg, lambda: engines, EventMetrics(CollectorRegistry()))
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert sub.wanted() == {c: ("tcp://10.0.0.3:5557", None)}
+            assert sub.wanted() == {c: ("tcp://10.0.0.3:5557", None)}
+        warned = [r.getMessage() for r in caplog.records if "all map to" in r.getMessage()]
+        assert warned == [
+            f"KV events: engines {a}, {b} all map to tcp://127.0.0.1:5557; routing them on "
+            "approximate keys. Engines that share a host need their own endpoints "
+            "(--kv-events URL=...)"
+        ]
+    finally:
+        sub.close()
