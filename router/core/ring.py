@@ -10,6 +10,8 @@ Mirrokni et al. show that with this cap, adding or removing an engine still move
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping
 
@@ -28,6 +30,12 @@ class BoundedLoadRing:
         self.vnodes = vnodes
         self._weights: dict[str, int] = {}
         self._ring = HashRing(nodes={}, hash_fn=_hash, vnodes=vnodes)
+        # The ring's points in order and their engines, copied out when the ring changes: a
+        # walk bisects them and stops at the first admitted engine. uhashring's own walk
+        # copies the tail of its point list first (40,960 points at 256 engines): 170 us a
+        # walk, more than the rest of a decision.
+        self._points: list[int] = []
+        self._owners: list[str] = []
 
     @property
     def engines(self) -> tuple[str, ...]:
@@ -35,21 +43,36 @@ class BoundedLoadRing:
 
     def set_engines(self, weights: Mapping[str, int]) -> None:
         """Make the ring hold exactly ``weights``' engines; unchanged engines keep their points."""
+        changed = False
         for gone in set(self._weights) - set(weights):
             self._ring.remove_node(gone)
             del self._weights[gone]
+            changed = True
         for engine, weight in weights.items():
             if self._weights.get(engine) != weight:
                 if engine in self._weights:
                     self._ring.remove_node(engine)
                 self._ring.add_node(engine, {"weight": weight, "vnodes": self.vnodes})
                 self._weights[engine] = weight
+                changed = True
+        if changed:
+            points = self._ring.get_points()
+            self._points = [point for point, _ in points]
+            self._owners = [engine for _, engine in points]
 
     def walk(self, key: int) -> Iterator[str]:
-        """Every engine once, in ring order from ``key``'s position."""
-        if not self._weights:
-            return iter(())
-        return (node["nodename"] for node in self._ring.range(key, unique=True))
+        """Every engine once, in ring order from ``key``'s position (uhashring's order: the
+        first point above the key's hash, wrapping to the start)."""
+        points, owners, n = self._points, self._owners, len(self._points)
+        start = bisect.bisect(points, _hash(key)) % n if n else 0
+        seen: set[str] = set()
+        for i in itertools.chain(range(start, n), range(start)):
+            engine = owners[i]
+            if engine not in seen:
+                seen.add(engine)
+                yield engine
+                if len(seen) == len(self._weights):
+                    return
 
     def home(self, key: int, admit: Callable[[str], bool] = lambda _e: True) -> str | None:
         """The first engine from ``key`` that ``admit`` accepts (None when none does)."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from uhashring import HashRing
 
-from router.core.ring import BoundedLoadRing, load_cap
+from router.core.ring import BoundedLoadRing, _hash, load_cap
 
 
 def ring_of(n: int) -> BoundedLoadRing:
@@ -19,6 +20,21 @@ def test_ring_walk_visits_every_engine_once() -> None:
     r = ring_of(7)
     walk = list(r.walk(12345))
     assert sorted(walk) == sorted(f"e{i}" for i in range(7))
+
+
+def test_ring_walk_is_uhashrings_order_after_changes() -> None:
+    """Replicas of any version must place a new prefix alike: the walk is uhashring's own
+    (a ring built at once from the final engines), also after engines come, go and reweigh."""
+    rng = random.Random(3)
+    r = BoundedLoadRing()
+    r.set_engines({f"e{i}": 1 for i in range(12)})
+    r.set_engines({**{f"e{i}": 1 for i in range(3, 12)}, "e5": 2, "new": 1})
+    final = {**{f"e{i}": 1 for i in range(3, 12)}, "e5": 2, "new": 1}
+    nodes = {e: {"weight": w, "vnodes": r.vnodes} for e, w in final.items()}
+    reference = HashRing(nodes=nodes, hash_fn=_hash, vnodes=r.vnodes)
+    for key in [rng.getrandbits(64) for _ in range(300)] + [0, (1 << 64) - 1]:
+        assert list(r.walk(key)) == list(reference.iterate_nodes(key))
+    assert list(BoundedLoadRing().walk(7)) == []
 
 
 @pytest.mark.parametrize("n", [4, 8, 16])
