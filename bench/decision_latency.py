@@ -1,13 +1,15 @@
 """Decision time: block keys + index lookup + scoring + recording, per prompt size and fleet.
 
 The index is first warmed with unrelated prompts on every engine, and each measured prompt
-shares its first half with an earlier one, so the lookup walks real overlaps. Times are CPU
+shares its first half with an earlier one, so the lookup walks real overlaps. With ``--cold``
+every prompt is new instead: nobody holds it, and its engine comes from the ring. Times are CPU
 time of the calling thread (``time.thread_time_ns``), the figure least disturbed by other
 work on a shared machine. Each row is measured twice, back to back: as the router decides
 (a shortlist of candidates is scored above ``SHORTLIST_ABOVE`` engines) and scoring every
 engine, so the ratio of the two is comparable even when the machine's load is not.
 
     python -m bench.decision_latency [--engines 8 64 256] [--tokens 1024 8192 32768 131072]
+        [--samples 300] [--cold]
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def words(rng: random.Random, chars: int) -> str:
     return "".join(out)[:chars]
 
 
-def measure(engines: int, tokens: int, samples: int) -> tuple[float, float]:
+def measure(engines: int, tokens: int, samples: int, cold: bool = False) -> tuple[float, float]:
     rng = random.Random(engines * 7 + tokens)
     router = RoutingCore(load_policy(preset_path("kv-aware")))
     names = [f"http://engine-{i}:8000" for i in range(engines)]
@@ -47,7 +49,11 @@ def measure(engines: int, tokens: int, samples: int) -> tuple[float, float]:
         router.record(lease, float(i))
         router.release(lease)
     bodies = [
-        {"model": "m", "prompt": rng.choice(prefixes) + words(rng, chars - chars // 2)}
+        {
+            "model": "m",
+            "prompt": (words(rng, chars // 2) if cold else rng.choice(prefixes))
+            + words(rng, chars - chars // 2),
+        }
         for _ in range(samples)
     ]
     clock = time.thread_time_ns
@@ -69,16 +75,17 @@ def main() -> None:
     ap.add_argument("--engines", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument("--tokens", type=int, nargs="+", default=[1024, 8192, 32768, 131072])
     ap.add_argument("--samples", type=int, default=300)
+    ap.add_argument("--cold", action="store_true", help="every prompt new: nobody holds it")
     args = ap.parse_args()
     print("| prompt tokens | engines | decision p50 | decision p99 | every engine scored: p50 |")
     print("|---|---|---|---|---|")
     shortlist_above = decision.SHORTLIST_ABOVE
     for tokens in args.tokens:
         for engines in args.engines:
-            p50, p99 = measure(engines, tokens, args.samples)
+            p50, p99 = measure(engines, tokens, args.samples, args.cold)
             decision.SHORTLIST_ABOVE = 1 << 30
             try:
-                all50, _ = measure(engines, tokens, args.samples)
+                all50, _ = measure(engines, tokens, args.samples, args.cold)
             finally:
                 decision.SHORTLIST_ABOVE = shortlist_above
             print(
