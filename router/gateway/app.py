@@ -33,7 +33,6 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from router.core.decision import RoutingCore
-from router.core.fields import ConfigError
 from router.core.kv_events import token_keys
 from router.core.load import EngineReport, Load
 from router.core.policy import Policy
@@ -63,7 +62,7 @@ from router.gateway.flow import Admission
 from router.gateway.gossip_delegate import run_origin
 from router.gateway.inbound import PROMPT_FIELD, BodyParser
 from router.gateway.kv_events import EventMetrics, Subscriber
-from router.gateway.local_tokenizer import LocalTokenizer
+from router.gateway.local_tokenizer import configured
 from router.gateway.metrics import FleetView, Metrics
 from router.gateway.reload import PolicyWatcher, Result
 from router.gateway.tokenize import Tokenizer
@@ -77,16 +76,6 @@ log = logging.getLogger(__name__)
 
 # A crashed background loop is restarted after this pause instead of leaving the gateway blind.
 RESTART_PAUSE_S = 1.0
-
-
-def _local_tokenizer(tokenizer: str) -> LocalTokenizer | None:
-    # Raises ConfigError: the gateway does not start with a tokenizer it cannot load.
-    if tokenizer == "engine":
-        return None
-    try:
-        return LocalTokenizer.load(tokenizer)
-    except ValueError as e:
-        raise ConfigError(f"backends.kv_events.tokenizer: {e}") from None
 
 
 class Gateway:
@@ -188,7 +177,7 @@ class Gateway:
                 self._precise_engines,
                 self._tokenized,
                 upstream=self.upstream,  # the engines' API keys go with every call
-                local=_local_tokenizer(kv.tokenizer),
+                local=configured(kv.tokenizer),  # raises ConfigError: no start without it
                 holds=self._held_whole,
             )
         # Client connections of this process: the cap and the header deadline (runtime).
@@ -286,6 +275,16 @@ class Gateway:
         """Subscribe to the engines' KV events while the app runs."""
         if self.kv_events is not None:
             await self.kv_events.run()
+
+    async def tokenizer_check_loop(self) -> None:
+        """Check the local tokenizer against each precise engine (Tokenizer.check_loop)."""
+        if self.tokenizer is not None:
+            await self.tokenizer.check_loop(self._precise_models)
+
+    def _precise_models(self) -> list[tuple[str, str]]:
+        """(URL, a model it serves) of each healthy engine whose KV events the index holds."""
+        engines = (self.pool.engines.get(url) for url in self.core.precise)
+        return [(e.url, next(iter(e.models))) for e in engines if e and e.healthy and e.models]
 
     def ready(self) -> tuple[bool, str]:
         """Readiness and why: a policy is loaded and at least one engine is healthy."""
@@ -493,6 +492,8 @@ def build_app(gw: Gateway) -> web.Application:
     app.cleanup_ctx.append(_task_ctx("policy-watcher", lambda g: g.watcher.run))
     if gw.kv_events is not None:
         app.cleanup_ctx.append(_task_ctx("kv-events", lambda g: g.kv_events_loop))
+        if gw.config.engines.kv_events.tokenizer != "engine":
+            app.cleanup_ctx.append(_task_ctx("tokenizer-check", lambda g: g.tokenizer_check_loop))
     app.cleanup_ctx.append(_task_ctx("engine-metrics", lambda g: g.engine_metrics.run))
     app.cleanup_ctx.append(_task_ctx("flow-control", lambda g: g.admission.pump_loop))
     app.add_routes([web.post(route, _generation(route)) for route in PROMPT_FIELD])

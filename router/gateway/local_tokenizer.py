@@ -31,6 +31,8 @@ import jinja2
 import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from router.core.fields import ConfigError
+
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
@@ -208,3 +210,14 @@ class LocalTokenizer:
     def ids(self, body: Mapping[str, Any]) -> list[int]:
         """The token ids the engine computes for a chat or completions body."""
         return self.encode(*self.text_of(body))
+
+
+def configured(setting: str) -> LocalTokenizer | None:
+    """The tokenizer ``backends.kv_events.tokenizer`` names (None for ``engine``); raises
+    ``ConfigError`` when it cannot be loaded."""
+    if setting == "engine":
+        return None
+    try:
+        return LocalTokenizer.load(setting)
+    except ValueError as e:
+        raise ConfigError(f"backends.kv_events.tokenizer: {e}") from None

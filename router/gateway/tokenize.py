@@ -55,7 +55,7 @@ from router.core.blocks import CHARS_PER_TOKEN, RoutingText, block_keys
 from router.core.decision import TokenPrompt
 from router.core.kv_events import token_array
 from router.gateway.errors import UpstreamError
-from router.gateway.inbound import Inbound
+from router.gateway.inbound import Inbound, parse
 from router.gateway.local_tokenizer import LocalTokenizer
 from router.gateway.upstream import HttpUpstream, Upstream
 
@@ -78,6 +78,15 @@ BACKGROUND_CALLS = 4
 # hold in flight: beyond that, a request is keyed on its text rather than queue for a thread.
 LOCAL_THREADS = 2
 LOCAL_PENDING = 64
+# What ``agrees`` asks an engine and the local tokenizer to tokenize: a system prompt, some
+# punctuation, digits, accents, a tab and a double space, where tokenizers differ.
+PROBE_MESSAGES = (
+    {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+    {"role": "user", "content": "Hello!  What's 12,345 x 6?\tCafé, naïve, 東京."},
+)
+# ``check_loop`` looks for new precise engines this often, and asks one this many times.
+CHECK_SECONDS = 5.0
+CHECK_TRIES = 3
 # Prompts longer than PARTIAL_ABOVE characters are encoded first up to PARTIAL_CHARS.
 PARTIAL_ABOVE = 65_536
 PARTIAL_CHARS = 16_384
@@ -298,7 +307,69 @@ class Tokenizer:
         self._remember(inbound.text, ids, keys)
         return _Ids(ids, 1.0)
 
+    async def agrees(self, engine: str, model: str) -> bool | None:
+        """Whether the local tokenizer gives ``engine``'s ``/tokenize`` ids for a probe prompt.
+
+        None: there is no local tokenizer, or the engine could not say (no such route, down).
+        Wrong files are otherwise silent: no request's keys would match the engine's events.
+        """
+        local = self._local
+        if local is None:
+            return None
+        if local.has_chat_template:
+            body: dict[str, object] = {"model": model, "messages": PROBE_MESSAGES}
+        else:
+            body = {"model": model, "prompt": PROBE_MESSAGES[-1]["content"]}
+        route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        inbound = parse(orjson.dumps(body), route)
+        try:
+            theirs = await self._fetch(engine, inbound)
+        except (UpstreamError, ValueError) as e:
+            log.debug("no tokenizer check on %s: %s", engine, e)
+            return None
+        try:
+            ours = await asyncio.get_running_loop().run_in_executor(
+                self._threads, local.ids, inbound.body
+            )
+        except ValueError:
+            return False  # the engine renders the probe, the local template cannot
+        return list(theirs) == ours
+
+    async def check_loop(self, engines: Callable[[], Sequence[tuple[str, str]]]) -> None:
+        """Run ``agrees`` once on each of ``engines()`` (URL, a model it serves) as they come,
+        and warn of each that disagrees; one that cannot say is given up after a few tries."""
+        done: set[str] = set()
+        tries: dict[str, int] = {}
+        while True:
+            for url, model in engines():
+                if url in done:
+                    continue
+                agrees = await self.agrees(url, model)
+                tries[url] = tries.get(url, 0) + 1
+                if agrees is False:
+                    log.warning(
+                        "the local tokenizer and %s's POST /tokenize give different ids for the "
+                        "same prompt: no request will match its KV events. Is --tokenizer the "
+                        "served model's?",
+                        url,
+                    )
+                if agrees is not None or tries[url] >= CHECK_TRIES:
+                    done.add(url)
+            await asyncio.sleep(CHECK_SECONDS)
+
     async def _ask(self, engine: str, inbound: Inbound) -> array[int] | None:
+        t = time.perf_counter()
+        try:
+            ids = await self._fetch(engine, inbound)
+        except (UpstreamError, ValueError) as e:  # orjson's decode error is a ValueError
+            log.debug("tokenize on %s failed: %s", engine, e)
+            self.observe(time.perf_counter() - t, False)
+            return None
+        self.observe(time.perf_counter() - t, True)
+        return ids
+
+    async def _fetch(self, engine: str, inbound: Inbound) -> array[int]:
+        """``engine``'s ids for the prompt; raises ``UpstreamError`` or ``ValueError``."""
         body = inbound.body
         req: dict[str, object] = {"model": inbound.model}
         if "messages" in body:
@@ -308,23 +379,16 @@ class Tokenizer:
                 req["tools"] = body["tools"]
         else:
             req["prompt"] = body.get("prompt", body.get("input"))
-        t = time.perf_counter()
-        try:
-            status, raw = await self._upstream.fetch(
-                engine, "/tokenize", self.timeout, orjson.dumps(req), MAX_ANSWER_BYTES
-            )
-            if status != 200:
-                raise ValueError(f"status {status}")
-            got = orjson.loads(raw)
-            tokens = got.get("tokens") if isinstance(got, dict) else None
-            if not isinstance(tokens, list) or len(tokens) > MAX_TOKENS:
-                raise ValueError("no 'tokens' array")
-            ids = token_array(tokens)
-            if ids is None:
-                raise ValueError("'tokens' holds something other than 32-bit token ids")
-        except (UpstreamError, ValueError) as e:  # orjson's decode error is a ValueError
-            log.debug("tokenize on %s failed: %s", engine, e)
-            self.observe(time.perf_counter() - t, False)
-            return None
-        self.observe(time.perf_counter() - t, True)
+        status, raw = await self._upstream.fetch(
+            engine, "/tokenize", self.timeout, orjson.dumps(req), MAX_ANSWER_BYTES
+        )
+        if status != 200:
+            raise ValueError(f"status {status}")
+        got = orjson.loads(raw)
+        tokens = got.get("tokens") if isinstance(got, dict) else None
+        if not isinstance(tokens, list) or len(tokens) > MAX_TOKENS:
+            raise ValueError("no 'tokens' array")
+        ids = token_array(tokens)
+        if ids is None:
+            raise ValueError("'tokens' holds something other than 32-bit token ids")
         return ids

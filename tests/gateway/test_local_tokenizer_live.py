@@ -7,6 +7,7 @@ Real processes on loopback with free ports; the official ``openai`` client is th
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ class Fleet:
     def __init__(self, tmp: Path, procs: list[Proc]) -> None:
         self.model = write_tokenizer(tmp / "model")
         self.engines: list[Proc] = []
+        self.events: dict[str, str] = {}  # engine URL -> its event endpoint
         args = ["serve", "--host", "127.0.0.1", "--policy", "kv-aware"]
         args += ["--tokenizer", str(self.model)]
         for _ in range(2):
@@ -52,7 +54,8 @@ class Fleet:
             e = start_kvrouter([*sim, "--tokenizer", str(self.model)], tmp)
             procs.append(e)
             self.engines.append(e)
-            args += ["--backend", e.url, "--kv-events", f"{e.url}=tcp://127.0.0.1:{pub}"]
+            self.events[e.url] = f"tcp://127.0.0.1:{pub}"
+            args += ["--backend", e.url, "--kv-events", f"{e.url}={self.events[e.url]}"]
         self.router = start_kvrouter(args, tmp, env={"KVROUTER_ADMIN_TOKEN": TOKEN})
         procs.append(self.router)
         wait_until(lambda: http_json(f"{self.router.url}/ready")["healthy_backends"] == 2, "ready")
@@ -126,6 +129,30 @@ def test_a_long_prompt_held_whole_is_encoded_whole(fleet: Fleet) -> None:
     held = next(c for c in got["candidates"] if c["engine"] == target.url)
     assert got["engine"] == target.url
     assert held["overlap_blocks"] >= got["blocks"] - 2  # not just the first 16,384 characters
+
+
+def test_the_wrong_tokenizer_is_warned_of(fleet: Fleet, tmp_path: Path) -> None:
+    """Files of another model load fine and match nothing: the router compares them with an
+    engine's /tokenize once it is precise, and says so in its log."""
+    wrong = write_tokenizer(tmp_path / "other-model", corpus=["another model entirely"] * 50)
+    target = fleet.engines[1]
+    pub = fleet.events[target.url]
+    args = ["serve", "--host", "127.0.0.1", "--backend", target.url, "--tokenizer", str(wrong)]
+    router = start_kvrouter([*args, "--kv-events", f"{target.url}={pub}"], tmp_path)
+    try:
+        # Prompts of new first blocks: a late subscriber without replay keys an engine's
+        # blocks only from a chain's root (it never saw the earlier blocks a chat template's
+        # preamble would hang from), and the first of those makes the engine precise.
+        for i in range(40):  # bounded
+            body = {"model": MODEL, "prompt": f"{i} wrong tokenizer probe " * 8, "max_tokens": 1}
+            http_json(f"{target.url}/v1/completions", body)
+            if "POST /tokenize give different ids" in router.log():
+                break
+            time.sleep(0.5)
+        assert "POST /tokenize give different ids for the same prompt" in router.log()
+        assert target.url in router.log()
+    finally:
+        router.stop()
 
 
 def test_a_tokenizer_that_is_not_there_stops_the_start(

@@ -14,6 +14,8 @@ import pytest
 from aiohttp import web
 
 from router.core.blocks import CHARS_PER_TOKEN
+from router.enginesim.app import serving
+from router.enginesim.engine import SimSettings
 from router.enginesim.tokens import token_ids
 from router.gateway.inbound import Inbound, parse
 from router.gateway.local_tokenizer import LocalTokenizer
@@ -57,7 +59,7 @@ async def engines(
         seen: list[str] = []
 
         async def tokenize(request: web.Request, seen: list[str] = seen) -> web.StreamResponse:
-            seen.append(orjson.loads(await request.read())["prompt"])
+            seen.append(orjson.loads(await request.read()).get("prompt"))
             return await handler(request)
 
         app = web.Application()
@@ -386,3 +388,36 @@ async def test_local_tokenizer_busy_keys_on_text_without_queueing(
         await settled(tok)
         await tok.close()
     assert local.jobs <= LOCAL_PENDING
+
+
+async def agreement(
+    local: LocalTokenizer | None, engine_tokenizer: LocalTokenizer | None
+) -> bool | None:
+    """``agrees`` of a client with ``local`` against an engine-sim with ``engine_tokenizer``."""
+    settings = SimSettings(model=MODEL, fast=True, tokenizer=engine_tokenizer)
+    async with serving(settings) as url:
+        tok = Tokenizer(5.0, lambda _m: [url], local=local)
+        try:
+            return await tok.agrees(url, MODEL)
+        finally:
+            await tok.close()
+
+
+async def test_local_tokenizer_check_against_the_engines_own(
+    model: LocalTokenizer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    other = LocalTokenizer.load(
+        write_tokenizer(tmp_path_factory.mktemp("other"), corpus=["another model entirely"] * 50)
+    )
+    plain = LocalTokenizer.load(write_tokenizer(tmp_path_factory.mktemp("plain"), template=None))
+    assert await agreement(model, model) is True
+    assert await agreement(plain, plain) is True  # no chat template: a plain prompt probes
+    assert await agreement(other, model) is False
+    assert await agreement(model, None) is False  # engine-sim's own 4-character pieces
+    assert await agreement(None, model) is None  # nothing local to check
+    async with engines(1, answer(None)) as (urls, _asked):  # an engine that cannot say
+        tok = Tokenizer(5.0, lambda _m: urls, local=model)
+        try:
+            assert await tok.agrees(urls[0], MODEL) is None
+        finally:
+            await tok.close()
