@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -31,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from router.core.decision import RoutingCore
 from router.core.kv_events import (
     Batch,
+    BlockStored,
     Counts,
     EngineBlocks,
     Malformed,
@@ -52,6 +54,10 @@ DRAIN_BATCHES = 16
 REPLAY_TIMEOUT_S = 2.0
 # Engine hashes remembered per engine (for removals and parent links): about 100 bytes each.
 MAX_HASHES = 1_000_000
+# An engine is blind (Feed.blind) when most of its latest ORPHAN_WINDOW stores, and at least
+# ORPHAN_MIN of them, hang from blocks this router never saw.
+ORPHAN_WINDOW = 64
+ORPHAN_MIN = 8
 CATCH_UP_UNTIL = 1 << 62
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30)
 
@@ -141,6 +147,17 @@ class Feed:
     counts: Counts = field(default_factory=Counts)
     last_seq: int | None = None
     degraded: bool = False
+    # The latest BlockStored events: True for each orphan (its parent never seen here).
+    recent: deque[bool] = field(default_factory=lambda: deque(maxlen=ORPHAN_WINDOW))
+
+    @property
+    def blind(self) -> bool:
+        """Most new blocks hang from blocks this router never saw: it subscribed later than
+        the engine could replay, and the chains stored before (a shared system prompt, a
+        template's preamble) cannot be keyed. Its events then miss most of what the engine
+        holds, and text keys serve better, until it stores whole chains again."""
+        r = self.recent
+        return len(r) >= ORPHAN_MIN and 2 * sum(r) > len(r)
 
     def _count(self, before: Counts, orphans: int) -> None:
         m = self.metrics
@@ -163,9 +180,13 @@ class Feed:
         before = Counts(c.batches, dict(c.events), c.malformed, c.unknown_events, c.unknown_fields)
         orphans = self.blocks.orphans
         batch = decode_batch(payload, c)
+        blind = self.blind
         if batch is not None:
             for event in batch.events:
+                before_event = self.blocks.orphans
                 change = self.blocks.apply(event)
+                if isinstance(event, BlockStored):
+                    self.recent.append(self.blocks.orphans > before_event)
                 if change is None:
                     continue
                 if change.cleared and self.degraded:
@@ -175,17 +196,28 @@ class Feed:
             if self.metrics is not None:
                 self.metrics.lag.observe(max(0.0, time.time() - batch.ts))
         self._count(before, orphans)
+        if self.blind != blind:
+            if self.blind:
+                log.warning(
+                    "KV events of %s: most new blocks hang from blocks this router never saw "
+                    "(it started later than the engine can replay): routing it on approximate "
+                    "keys until it stores whole chains again",
+                    self.engine,
+                )
+            else:
+                log.info("KV events of %s are whole again", self.engine)
         self._precise()
         return batch
 
     def _precise(self) -> None:
-        size = None if self.degraded else self.blocks.block_size
+        size = None if self.degraded or self.blind else self.blocks.block_size
         self.core.set_precise(self.engine, size)
 
     def restart(self) -> None:
         """The engine restarted (or came back): nothing it held is known to survive."""
         self.core.forget(self.engine)
         self.blocks.clear()
+        self.recent.clear()
         self.degraded = False
         self.last_seq = None
         self._precise()
@@ -199,6 +231,7 @@ class Feed:
         self.degraded = True
         self.core.index.clear_events(self.engine)
         self.blocks.clear()
+        self.recent.clear()
         self._precise()
 
 
@@ -223,7 +256,7 @@ class Subscriber:
         self._shared: set[str] = set()  # endpoints already warned of (``sharing``)
 
     def _degraded_gauge(self) -> None:
-        self.metrics.degraded.set(sum(1 for f in self.feeds.values() if f.degraded))
+        self.metrics.degraded.set(sum(1 for f in self.feeds.values() if f.degraded or f.blind))
 
     async def run(self) -> None:
         """Keep one subscription per engine with an endpoint, forever."""

@@ -23,6 +23,8 @@ from router.enginesim.kv_publisher import CacheEvents, EventSettings, Publisher
 from router.gateway.config import KvEventEndpoint, KvEvents
 from router.gateway.kv_events import (
     DRAIN_BATCHES,
+    ORPHAN_MIN,
+    ORPHAN_WINDOW,
     EventMetrics,
     Feed,
     Subscriber,
@@ -71,6 +73,39 @@ async def test_gap_without_replay_degrades_until_cleared() -> None:
         assert sub.core.index.event_blocks(ENGINE) == 0
         await sub._message(feed, frames(3, w.batch(w.cleared(), 1.0)), None)
         assert not feed.degraded and sub.core.precise == {ENGINE: 4}
+
+
+async def test_stores_hanging_from_unseen_blocks_make_the_engine_blind_until_whole(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A router that subscribed after the engine stored a shared root (and could not replay
+    it) cannot key what hangs from it: while most new stores do, the engine is routed on text
+    keys (and counted as degraded), and it is precise again once whole chains dominate."""
+    with subscriber() as sub, caplog.at_level(logging.INFO):
+        feed = sub.feeds[ENGINE] = Feed(ENGINE, sub.core, EventMetrics(CollectorRegistry()))
+        w = CacheEvents(10_000, 4, "map", "int")
+        w.batch(w.admitted([1, 2], ids_of(range(8)), 0.0), 1.0)  # seq 0: before it came
+        seq = 1
+
+        def turn(keys: list[int], first_id: int) -> bytes:
+            ids = ids_of(range(first_id, first_id + 4 * len(keys)))
+            return w.batch(w.admitted(keys, ids, 0.0), 1.0)
+
+        await sub._message(feed, frames(seq, turn([500, 501], 5_000)), None)  # a whole chain
+        seq += 1
+        assert sub.core.precise == {ENGINE: 4}
+        for i in range(ORPHAN_MIN + 2):  # new blocks under the unseen root: orphans
+            await sub._message(feed, frames(seq, turn([1, 2, 100 + i], 0)), None)
+            seq += 1
+        assert ENGINE not in sub.core.precise  # blind: routed on its text keys
+        assert feed.recent.count(True) == ORPHAN_MIN + 2
+        for i in range(ORPHAN_WINDOW):  # whole chains from their roots: keyed again
+            chain = turn([1000 + 2 * i, 1001 + 2 * i], 10_000 + 8 * i)
+            await sub._message(feed, frames(seq, chain), None)
+            seq += 1
+        assert sub.core.precise == {ENGINE: 4} and feed.recent.count(True) < ORPHAN_WINDOW // 2
+        logged = [r.getMessage() for r in caplog.records if ENGINE in r.getMessage()]
+        assert any("never saw" in m for m in logged) and any("whole again" in m for m in logged)
 
 
 async def test_sequence_from_zero_again_forgets_the_engine() -> None:
