@@ -219,8 +219,12 @@ class Gateway:
     def _held_whole(self, model: str, lora: str | None, ids: Sequence[int]) -> bool:
         """Whether a precise engine serving ``model`` holds every full block of ``ids``."""
         core = self.core
+        by_size: dict[int, list[int]] = {}  # engines of one block size share their keys
         for e in self._precise_engines(model):
-            keys = token_keys(ids, core.precise[e], lora)
+            size = core.precise[e]
+            keys = by_size.get(size)
+            if keys is None:
+                keys = by_size[size] = token_keys(ids, size, lora)
             if keys and core.index.event_overlap(e, keys, lambda _m: 1.0)[0] == len(keys):
                 return True
         return False

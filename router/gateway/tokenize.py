@@ -386,9 +386,6 @@ class Tokenizer:
             raise ValueError(f"status {status}")
         got = orjson.loads(raw)
         tokens = got.get("tokens") if isinstance(got, dict) else None
-        if not isinstance(tokens, list) or len(tokens) > MAX_TOKENS:
+        if not isinstance(tokens, list):
             raise ValueError("no 'tokens' array")
-        ids = token_array(tokens)
-        if ids is None:
-            raise ValueError("'tokens' holds something other than 32-bit token ids")
-        return ids
+        return _packed(tokens)
