@@ -508,7 +508,7 @@ class RoutingCore:
         if not lease.keys:
             return None
         self.predictions.confirm(lease.engine, lease.keys)
-        return self.index.record(lease.engine, lease.keys, now)
+        return self.index.confirm(lease.engine, lease.keys, now)
 
     def release(self, lease: Lease) -> None:
         """End an attempt: give its load back and withdraw claims no answer confirmed."""

@@ -118,6 +118,18 @@ class BlockIndex:
         """Hold ``keys`` for ``engine`` provisionally: no delta (see ``core.predictions``)."""
         self._touch(engine, keys, now)
 
+    def confirm(self, engine: str, keys: Sequence[int], now: float) -> Delta:
+        """``engine`` answered the request ``predict`` placed ``keys`` for: the delta to spread.
+
+        The entries keep the recency ``predict`` gave them, as the engine's blocks keep the
+        time it admitted the request; only blocks that left the index meanwhile (a failed
+        attempt withdrew them, or the cap evicted them) are put back, as ``record`` would.
+        """
+        lru = self._engines.get(engine)
+        if lru is None or lru.leading(keys) < len(keys):
+            self._touch(engine, keys, now)
+        return Delta(self.origin, self._next(), engine, added=tuple(keys))
+
     def withdraw(self, engine: str, keys: Iterable[int]) -> None:
         """Take back provisional keys that no answer confirmed: no delta, nothing was told."""
         self._discard(engine, keys)

@@ -69,6 +69,27 @@ def test_index_capacity_forgets_tail_before_head() -> None:
     assert len(idx) <= cap
 
 
+def test_index_confirm_keeps_the_recency_predict_gave() -> None:
+    cap = EVICT_BATCH_DIVISOR
+    idx = index(capacity=cap)
+    early, late = [1, 2, 3], [4, 5, 6]
+    idx.predict("e", early, now=0.0)  # admitted first...
+    idx.record("e", late, now=1.0)
+    delta = idx.confirm("e", early, now=2.0)  # ...answered last: still the older of the two
+    assert delta.added == tuple(early) and delta.engine == "e"
+    idx.record("e", [100 + i for i in range(cap - 4)], now=3.0)  # the cap takes 3 blocks
+    assert idx.overlaps(early, ["e"]) == [0]
+    assert idx.overlaps(late, ["e"]) == [3]
+
+
+def test_index_confirm_puts_back_what_left_since_predict() -> None:
+    idx = index()
+    idx.predict("e", [1, 2, 3], now=0.0)
+    idx.withdraw("e", [2, 3])  # a failed attempt took back its claims meanwhile
+    idx.confirm("e", [1, 2, 3], now=1.0)
+    assert idx.overlaps([1, 2, 3], ["e"]) == [3]
+
+
 def test_index_global_cap_bounds_entries() -> None:
     idx = index(capacity=10_000, max_entries=1_000)
     for e in range(5):
