@@ -15,7 +15,7 @@ Modules, from the request inwards:
 - ``scoring``: filters, scorers and pickers, registered by kebab-case type name.
 - ``decision``: ``RoutingCore``, the one decision the gateway and the simulator both call
   (``decide``, a query) and the named state changes around it (``acquire``, ``record``,
-  ``release``, ``forget``).
+  ``release``, ``forget``); ``shortlist``: which candidates a large fleet's decision scores.
 - ``engine_model``: an engine's prefix cache and timing, for the simulator and engine-sim.
 - ``workload``: trace records and synthetic workloads for the simulator.
 - ``simulator``: discrete-event replay of a trace through ``decision``; ``stats``: percentiles.

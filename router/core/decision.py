@@ -32,10 +32,11 @@ the text keys.
 
 from __future__ import annotations
 
-import heapq
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import filterfalse
 from typing import Any
 
 from router.core.blocks import RoutingText, block_keys, namespace_seed, routing_text
@@ -46,14 +47,12 @@ from router.core.policy import Policy
 from router.core.predictions import Predictions
 from router.core.ring import BoundedLoadRing, load_cap
 from router.core.scoring import SCORERS, Inputs
+from router.core.shortlist import shortlist
 
-# Above this many candidates only a shortlist is scored (``RoutingCore._shortlist``): the
-# deepest holders of the prefix (at most SHORTLIST_HOLDERS), SHORTLIST_SPARES of the least
-# loaded others, the session's engine and the ring home. Measured (bench/RESULTS.md): an
-# 8K-token decision at 256 engines costs about a third of scoring every engine.
+# Above this many candidates only a shortlist is scored (``core.shortlist``). Measured
+# (bench/RESULTS.md): an 8K-token decision at 256 engines costs about a third of scoring
+# every engine.
 SHORTLIST_ABOVE = 12
-SHORTLIST_HOLDERS = 8
-SHORTLIST_SPARES = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +253,10 @@ class RoutingCore:
         *,
         tokenized: TokenPrompt | None = None,
     ) -> Decision:
-        """Where ``body`` should go among ``candidates``, and why. Changes nothing."""
+        """Where ``body`` should go among ``candidates`` (distinct engines), and why.
+
+        Changes nothing.
+        """
         rt, keys = self.keys_of(body)
         tokens = rt.approx_tokens if prompt_tokens is None else prompt_tokens
         seed = namespace_seed(rt.namespace)
@@ -273,26 +275,29 @@ class RoutingCore:
     ) -> Decision:
         """``decide`` for keys already computed (``seed`` names the ring home of no blocks)."""
         p = self.policy
-        cands = list(dict.fromkeys(candidates))
+        cands = list(candidates)
         overlaps = self.index.overlaps(keys, cands, now)
         src: dict[str, str] = {}  # overlaps from events or the bridge; the rest approximate
         if tokenized is not None and self.precise:
             self._precise_overlaps(keys, tokenized, cands, now, overlaps, src)
         requests = self.loads.requests(cands, now)
-        tokens = self.loads.tokens(cands)
-        eligible = self._eligible(requests, tokens, prompt_tokens)
+        eligible = self._eligible(cands, requests, prompt_tokens)
+        deep = max(overlaps, default=0)
         session_engine = self._sessions.get(session) if session is not None else None
         unscored: list[str] = []
         if p.picker == "max-score" and len(cands) > SHORTLIST_ABOVE:
-            keep = self._shortlist(cands, keys, overlaps, requests, eligible, seed, session_engine)
+            ring_key = keys[min(deep, len(keys) - 1)] if keys else seed
+            keep = shortlist(
+                cands, overlaps, requests, eligible, session_engine, ring_key, self.ring.home
+            )
             if len(keep) < len(cands):
-                kept = set(keep)
-                unscored = [e for i, e in enumerate(cands) if i not in kept]
+                kept = {cands[i] for i in keep}
+                unscored = list(filterfalse(kept.__contains__, cands))
                 cands = [cands[i] for i in keep]
                 overlaps = [overlaps[i] for i in keep]
                 requests = [requests[i] for i in keep]
-                tokens = [tokens[i] for i in keep]
                 eligible = [eligible[i] for i in keep]
+        tokens = self.loads.tokens(cands)
         predicted = [0] * len(cands)
         if self.predictions:
             for i, e in enumerate(cands):
@@ -336,48 +341,6 @@ class RoutingCore:
             session=session,
             sources=tuple(src.get(e) or ("approximate" if o else "none") for e, o in pairs),
         )
-
-    def _shortlist(
-        self,
-        cands: Sequence[str],
-        keys: Sequence[int],
-        overlaps: Sequence[int],
-        requests: Sequence[int],
-        eligible: Sequence[bool],
-        seed: int,
-        session_engine: str | None,
-    ) -> list[int]:
-        """The candidates worth scoring, in candidate order: the deepest holders of the prefix,
-        the least loaded eligible engines, the session's engine, and for a prefix nobody holds
-        the ring home when more engines tie with the idlest spare than the shortlist holds.
-
-        Every other candidate holds none of the prefix and carries at least the spares' load,
-        so a scorer would rank it no better than they (unless the ring home's tie-break picks
-        it, hence the ring home). Replicas with the same view choose the same shortlist.
-        """
-        n = len(cands)
-        keep: set[int] = set()
-        holders = [i for i in range(n) if overlaps[i]]
-        if len(holders) > SHORTLIST_HOLDERS:
-            holders = heapq.nsmallest(
-                SHORTLIST_HOLDERS, holders, key=lambda i: (-overlaps[i], requests[i])
-            )
-        keep.update(holders)
-        free = [i for i in range(n) if eligible[i] and not overlaps[i]]
-        spares = heapq.nsmallest(SHORTLIST_SPARES, free, key=requests.__getitem__)
-        keep.update(spares)
-        if session_engine is not None and session_engine in cands:
-            keep.add(cands.index(session_engine))
-        # The ring home matters for a prefix nobody holds when more engines tie with the
-        # idlest spare than the shortlist holds (a walk of the ring costs more than scoring).
-        low = requests[spares[0]] if spares else 0
-        if not holders and spares and sum(1 for i in free if requests[i] == low) > len(spares):
-            pos = {e: i for i, e in enumerate(cands)}
-            ring_key = keys[min(max(overlaps, default=0), len(keys) - 1)] if keys else seed
-            home = self.ring.home(ring_key, lambda e: e in pos and eligible[pos[e]])
-            if home is not None:
-                keep.add(pos[home])
-        return sorted(keep)
 
     def _precise_overlaps(
         self,
@@ -447,7 +410,7 @@ class RoutingCore:
         return self._best(x, eligible, totals, ring_key), "best-score"
 
     def _eligible(
-        self, requests: Sequence[int], tokens: Sequence[int], prompt_tokens: int
+        self, cands: Sequence[str], requests: Sequence[int], prompt_tokens: int
     ) -> list[bool]:
         b = self.policy.bounded_load
         if b is None:
@@ -455,14 +418,15 @@ class RoutingCore:
         if b.metric == "requests":
             loads, weight = requests, 1
         else:
-            loads, weight = tokens, max(1, prompt_tokens)
+            loads, weight = self.loads.tokens(cands), max(1, prompt_tokens)
         if not loads:
             return []
         # The least loaded engine always stays admissible: with token loads one request can
         # outweigh the whole margin, and a cap that admits nobody would route nowhere.
         floor = max(min(loads) + weight, b.min_cap * weight)
         cap = max(load_cap(sum(loads), len(loads), b.epsilon, weight), floor)
-        return [v + weight <= cap for v in loads]
+        # v + weight <= cap for every (integer) load v, as one pass in C.
+        return list(map((math.floor(cap) - weight).__ge__, loads))
 
     def _best(self, x: Inputs, eligible: list[bool], totals: list[float], seed: int) -> str:
         if all(eligible):

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import contains
 
 from router.core.lru import LruKeys
 from router.core.seq import SeqWindow
@@ -42,6 +44,9 @@ class IndexLimits:
     engine_capacity_blocks: int
     ttl_seconds: float | None = None
     max_entries: int = 4_000_000
+
+
+_NOTHING: Mapping[int, float] = {}  # the table of an engine the index does not know
 
 
 class BlockIndex:
@@ -173,13 +178,13 @@ class BlockIndex:
         out = [0] * len(engines)
         if not keys:
             return out
-        first = keys[0]
-        tables = self._tables
-        # Most engines do not hold the first block: one dict probe each rules them out.
-        for i, e in enumerate(engines):
-            t = tables.get(e)
-            if t is not None and first in t:
-                out[i] = self._engines[e].leading(keys, now)
+        # Most engines do not hold the first block: one dict probe each rules them out, in a
+        # loop that runs in C (map over bound methods), as it runs for every engine.
+        tables = map(self._tables.get, engines, repeat(_NOTHING))
+        first_held = map(contains, tables, repeat(keys[0]))
+        lrus = self._engines
+        for i in compress(range(len(engines)), first_held):
+            out[i] = lrus[engines[i]].leading(keys, now)
         return out
 
     def holders(self, key: int) -> list[str]:

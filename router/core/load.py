@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import add
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +34,6 @@ class Load:
 
     requests: int = 0
     tokens: int = 0
-
-
-ZERO = Load()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +64,11 @@ class _Reported:
         self.since = since  # local requests sent after ``at``, still in flight
         self.done = 0  # local requests in flight at ``at`` that have finished since
 
+    @property
+    def requests(self) -> int:
+        """The engine's requests now, by this report and the local traffic since."""
+        return self.report.running + self.report.waiting - self.done + self.since
+
 
 class LoadBook:
     """Local in-flight counters per engine and the latest report from each peer."""
@@ -74,13 +78,20 @@ class LoadBook:
         self._requests: dict[str, int] = {}
         self._tokens: dict[str, int] = {}
         self._remote: dict[str, Mapping[str, Load]] = {}
-        # Sum of all peers' reports per engine, rebuilt when a report arrives, so that
+        # Sums of all peers' reports per engine, rebuilt when a report arrives, so that
         # reading a load on the routing path costs two dict lookups.
-        self._remote_sum: dict[str, Load] = {}
+        self._remote_requests: dict[str, int] = {}
+        self._remote_tokens: dict[str, int] = {}
         # When each local request in flight was sent, per engine (to place it against a
         # report's time), and the engines' own reports.
         self._sent: dict[str, list[float]] = {}
         self._reported: dict[str, _Reported] = {}
+        # ``_Reported.requests`` of the fresh reports, kept current as requests come and go,
+        # so that blending them into the fleet's figures is one pass in C (``requests``).
+        # Stale reports leave it when ``_oldest`` (at most the oldest one's time) passes
+        # ``stale_after``.
+        self._blend: dict[str, int] = {}
+        self._oldest = float("inf")
         # Each engine's batch limit, as its reports with requests waiting showed it.
         self._slots: dict[str, int] = {}
 
@@ -92,6 +103,7 @@ class LoadBook:
         r = self._reported.get(engine)
         if r is not None and now > r.at:
             r.since += 1
+            self._reblend(engine, r)
 
     def release(self, engine: str, tokens: int, sent_at: float = 0.0) -> None:
         """Give back what ``acquire`` (at ``sent_at``) took; counters never go below zero."""
@@ -107,6 +119,7 @@ class LoadBook:
                     r.since = max(0, r.since - 1)
                 else:
                     r.done += 1
+                self._reblend(engine, r)
         n = self._requests.get(engine, 0) - 1
         t = self._tokens.get(engine, 0) - tokens
         if n <= 0:
@@ -128,41 +141,37 @@ class LoadBook:
 
         With ``now``, engines' fresh reports are blended in (see the module docstring).
         """
-        loc, rem = self._requests, self._remote_sum
-        if rem:
-            own = [loc.get(e, 0) + rem.get(e, ZERO).requests for e in engines]
-        else:
-            own = [loc.get(e, 0) for e in engines]
+        # Every engine of the fleet is read on each decision: these loops run in C.
+        own = map(self._requests.get, engines, repeat(0))
+        if self._remote_requests:
+            own = map(add, own, map(self._remote_requests.get, engines, repeat(0)))
         if now is None or not self._reported:
-            return own
-        reps, stale = self._reported, self.stale_after
-        for i, e in enumerate(engines):
-            r = reps.get(e)
-            if r is not None and now - r.at <= stale:
-                rep = r.report
-                blended = rep.running + rep.waiting - r.done + r.since
-                if blended > own[i]:
-                    own[i] = blended
-        return own
+            return list(own)
+        if now - self._oldest > self.stale_after:
+            self._drop_stale(now)
+        return list(map(max, own, map(self._blend.get, engines, repeat(0))))
 
     def tokens(self, engines: Iterable[str]) -> list[int]:
         """Fleet-wide in-flight prompt tokens for each of ``engines``, in order."""
-        loc, rem = self._tokens, self._remote_sum
-        if not rem:
-            return [loc.get(e, 0) for e in engines]
-        return [loc.get(e, 0) + rem.get(e, ZERO).tokens for e in engines]
+        own = map(self._tokens.get, engines, repeat(0))
+        if self._remote_tokens:
+            own = map(add, own, map(self._remote_tokens.get, engines, repeat(0)))
+        return list(own)
 
     def total(self, engine: str) -> Load:
-        r = self._remote_sum.get(engine, ZERO)
         return Load(
-            self._requests.get(engine, 0) + r.requests, self._tokens.get(engine, 0) + r.tokens
+            self._requests.get(engine, 0) + self._remote_requests.get(engine, 0),
+            self._tokens.get(engine, 0) + self._remote_tokens.get(engine, 0),
         )
 
     def engine_report(self, engine: str, report: EngineReport, at: float) -> None:
         """``engine``'s own figures as they were at ``at`` (when the scrape was sent)."""
         since = sum(1 for t in self._sent.get(engine, ()) if t > at)
         last = self._reported.get(engine)
-        self._reported[engine] = _Reported(report, at, since)
+        r = self._reported[engine] = _Reported(report, at, since)
+        self._blend[engine] = r.requests
+        # A bound below every fresh report's time; made exact again by ``_drop_stale``.
+        self._oldest = min(self._oldest, at)
         known = self._slots.get(engine)
         if report.waiting and report.running and last is not None and last.report.waiting:
             # Full: the batch takes this many now. One report with a queue is not enough: a
@@ -183,6 +192,7 @@ class LoadBook:
     def drop_engine_report(self, engine: str) -> None:
         """Forget ``engine``'s report (it left, or stopped reporting)."""
         self._reported.pop(engine, None)
+        self._blend.pop(engine, None)
         self._slots.pop(engine, None)
 
     def reported(self, engine: str, now: float) -> EngineReport | None:
@@ -216,6 +226,17 @@ class LoadBook:
         if slots is None:
             return queued
         return max(queued, rep.running + rep.waiting - r.done + r.since - slots + 1)
+
+    def _reblend(self, engine: str, r: _Reported) -> None:
+        if engine in self._blend:
+            self._blend[engine] = r.requests
+
+    def _drop_stale(self, now: float) -> None:
+        reported, stale = self._reported, self.stale_after
+        # The same test as ``_fresh``, to the last bit of the float.
+        for e in [e for e in self._blend if now - reported[e].at > stale]:
+            del self._blend[e]
+        self._oldest = min((reported[e].at for e in self._blend), default=float("inf"))
 
     def _fresh(self, engine: str, now: float) -> _Reported | None:
         r = self._reported.get(engine)
@@ -254,4 +275,4 @@ class LoadBook:
             for e, ld in loads.items():
                 req[e] = req.get(e, 0) + ld.requests
                 tok[e] = tok.get(e, 0) + ld.tokens
-        self._remote_sum = {e: Load(n, tok[e]) for e, n in req.items()}
+        self._remote_requests, self._remote_tokens = req, tok

@@ -65,7 +65,9 @@ class Predictions:
         t = self._claims.get(engine)
         if not t:
             return 0
-        return sum(1 for k in keys if k in t)
+        # Every decision counts them for each holder while requests are in flight: a set
+        # intersection runs in C (a chain's keys are distinct, so nothing is counted twice).
+        return len(t.keys() & keys)
 
     def clear(self) -> None:
         self._claims.clear()

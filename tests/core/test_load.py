@@ -146,3 +146,53 @@ def test_loadbook_blend_bounded_by_own_and_report(ops: list[tuple[str, int]]) ->
     for t in list(sent):
         book.release(E, 0, t)
     assert book.local(E) == Load()
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["acquire", "release", "report", "wait"]),
+            st.integers(0, 2),  # engine
+            st.integers(0, 30),
+        ),
+        max_size=80,
+    )
+)
+def test_loadbook_fleet_figures_follow_each_engines_fresh_report(
+    ops: list[tuple[str, int, int]],
+) -> None:
+    """The fleet's figures, read in one pass, equal each engine's own blend: its fresh
+    report's requests, less those finished since that were in flight at the report, plus
+    those sent after it; never below the router's own. Reports go stale and come back."""
+    engines = ["a", "b", "c"]
+    book = LoadBook(stale_after=2.0)
+    now = 0.0
+    sent: dict[str, list[float]] = {e: [] for e in engines}
+    report: dict[str, tuple[EngineReport, float]] = {}
+    done = dict.fromkeys(engines, 0)  # released since the report, sent before it
+    for op, i, n in ops:
+        e = engines[i]
+        now += 0.1
+        if op == "wait":
+            now += n / 10  # up to 3 s: reports pass their age
+        elif op == "acquire":
+            book.acquire(e, 1, now)
+            sent[e].append(now)
+        elif op == "release" and sent[e]:
+            t = sent[e].pop(n % len(sent[e]))
+            book.release(e, 1, t)
+            if e in report and t <= report[e][1]:
+                done[e] += 1
+        elif op == "report":
+            rep = EngineReport(running=n, waiting=n % 4)
+            book.engine_report(e, rep, now)
+            report[e], done[e] = (rep, now), 0
+        expected = []
+        for x in engines:
+            own = len(sent[x])
+            if x in report and now - report[x][1] <= 2.0:
+                rep, at = report[x]
+                since = sum(1 for t in sent[x] if t > at)
+                own = max(own, rep.requests - done[x] + since)
+            expected.append(own)
+        assert book.requests(engines, now) == expected

@@ -1,0 +1,62 @@
+"""Which candidates a large fleet's decision scores: the few that could win.
+
+Scoring every engine costs a decision time linear in the fleet. Only these can come out on
+top: the engines holding the deepest part of the prefix, the least loaded eligible ones of
+the rest, the engine the session went to last, and, for a prefix nobody holds, its ring home
+(the tie-break among equally idle engines). Every other candidate holds none of the prefix
+and carries at least the spares' load, so a scorer would rank it no better than they.
+Replicas with the same view choose the same shortlist.
+
+``shortlist`` reads every candidate once, so its passes over them run in C (``compress``,
+``filterfalse`` and ``map`` over built-in methods); only the few kept are looked at in Python.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from itertools import compress, filterfalse
+
+HOLDERS = 8  # at most this many holders of the prefix: the deepest, then the least loaded
+SPARES = 4  # this many of the least loaded eligible engines that hold none of it
+
+RingHome = Callable[[int, Callable[[str], bool]], "str | None"]
+
+
+def shortlist(
+    cands: Sequence[str],
+    overlaps: Sequence[int],
+    requests: Sequence[int],
+    eligible: Sequence[bool],
+    session_engine: str | None,
+    ring_key: int,
+    ring_home: RingHome,
+) -> list[int]:
+    """Positions in ``cands`` worth scoring, in candidate order.
+
+    The lists are per candidate: leading blocks held, in-flight requests, admitted by the
+    bounded-load filter. ``ring_home(ring_key, admit)`` is the ring's home for a prefix
+    nobody holds, asked only when more engines tie with the idlest spare than are kept (a
+    walk of the ring costs more than scoring a few engines).
+    """
+    n = len(cands)
+    keep: set[int] = set()
+    held = list(compress(range(n), overlaps))
+    holders = held
+    if len(held) > HOLDERS:
+        holders = heapq.nsmallest(HOLDERS, held, key=lambda i: (-overlaps[i], requests[i]))
+    keep.update(holders)
+    free = list(filterfalse(set(held).__contains__, compress(range(n), eligible)))
+    # A stable sort: among equally loaded spares, the first candidates.
+    spares = sorted(free, key=requests.__getitem__)[:SPARES]
+    keep.update(spares)
+    if session_engine is not None and session_engine in cands:
+        keep.add(cands.index(session_engine))
+    if not held and spares:
+        low = requests[spares[0]]
+        if list(map(requests.__getitem__, free)).count(low) > len(spares):
+            pos = dict(zip(cands, range(n), strict=True))
+            home = ring_home(ring_key, lambda e: e in pos and eligible[pos[e]])
+            if home is not None:
+                keep.add(pos[home])
+    return sorted(keep)
