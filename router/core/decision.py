@@ -74,6 +74,9 @@ class Decision:
     session: str | None = None
     # Per candidate: where its overlap came from (event, predicted, approximate, none).
     sources: tuple[str, ...] = ()
+    # The key of the deepest prefix some candidate holds: requests in flight per key are
+    # its heat (``HotPrefix``). None: nobody holds any of the prompt.
+    prefix: int | None = None
 
     def plan(self) -> tuple[str, ...]:
         """The engines to try, in order: the pick, then the fallbacks."""
@@ -105,6 +108,7 @@ class Decision:
             "reason": self.reason,
             "blocks": len(self.keys),
             "prompt_tokens": self.prompt_tokens,
+            "spread_blocks": self.inputs.credit,
             "fallbacks": list(self.fallbacks),
             "candidates": [
                 {
@@ -158,6 +162,7 @@ class Lease:
     fresh: tuple[int, ...]  # of ``keys``, those the engine was not believed to hold: claimed
     session: str | None
     sent_at: float = 0.0  # when the load was taken, to place it against engines' reports
+    prefix: int | None = None  # ``Decision.prefix``: this attempt adds to its heat
 
 
 class RoutingCore:
@@ -171,6 +176,8 @@ class RoutingCore:
         self.predictions = Predictions()
         self.ring = BoundedLoadRing()
         self._turn = 0  # round-robin's position, advanced by ``acquire``
+        # Per prefix key (``Decision.prefix``), the attempts in flight: bounded by the leases.
+        self._heat: dict[int, int] = {}
         self._sessions: dict[str, str] = {}
         # Outstanding leases -> whether their claims are still unconfirmed.
         self._leases: dict[int, bool] = {}
@@ -283,6 +290,15 @@ class RoutingCore:
         requests = self.loads.requests(cands, now)
         eligible = self._eligible(cands, requests, prompt_tokens)
         deep = max(overlaps, default=0)
+        prefix = keys[deep - 1] if deep else None
+        credit = 0
+        spread = p.hot_prefix.spread_above
+        if (
+            spread
+            and prefix is not None
+            and self._heat.get(prefix, 0) > spread * overlaps.count(deep)
+        ):
+            credit = deep  # hot: its holders are busy with it; any engine may take a copy
         session_engine = self._sessions.get(session) if session is not None else None
         unscored: list[str] = []
         if p.picker == "max-score" and len(cands) > SHORTLIST_ABOVE:
@@ -315,6 +331,7 @@ class RoutingCore:
             block_tokens=p.block_tokens,
             waiting=waiting,
             kv_usage=usage,
+            credit=credit,
         )
         scores = {s.type: SCORERS[s.type](s, x) for s in p.scorers}
         totals = [0.0] * len(cands)
@@ -340,6 +357,7 @@ class RoutingCore:
             fallbacks=(*(cands[i] for i in order if cands[i] != engine), *unscored),
             session=session,
             sources=tuple(src.get(e) or ("approximate" if o else "none") for e, o in pairs),
+            prefix=prefix,
         )
 
     def _precise_overlaps(
@@ -452,8 +470,12 @@ class RoutingCore:
         tokens = x.uncached(x.candidates.index(engine)) if engine in x.candidates else 0
         held = self.index.overlaps(d.keys, (engine,), now)[0] if d.keys else 0
         fresh = d.keys[held:]
-        lease = Lease(next(self._lease_ids), engine, tokens, d.keys, fresh, d.session, now)
+        lease = Lease(
+            next(self._lease_ids), engine, tokens, d.keys, fresh, d.session, now, d.prefix
+        )
         self.loads.acquire(engine, tokens, now)
+        if d.prefix is not None:
+            self._heat[d.prefix] = self._heat.get(d.prefix, 0) + 1
         if d.keys:
             self.index.predict(engine, d.keys, now)
             self.predictions.claim(engine, fresh)
@@ -480,6 +502,10 @@ class RoutingCore:
         if unconfirmed is None:
             return
         self.loads.release(lease.engine, lease.tokens, lease.sent_at)
+        if lease.prefix is not None:
+            n = self._heat.pop(lease.prefix, 0) - 1
+            if n > 0:
+                self._heat[lease.prefix] = n
         if unconfirmed and lease.fresh:
             self.index.withdraw(lease.engine, self.predictions.withdraw(lease.engine, lease.fresh))
 

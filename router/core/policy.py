@@ -77,6 +77,21 @@ class IndexSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class HotPrefix:
+    """When a prefix is hot enough to copy to another engine before its holders saturate.
+
+    ``spread_above``: requests sharing one prefix in flight per engine holding it. Above it,
+    every candidate is scored as if it held the prefix too, so the request goes where the
+    rest of the estimate is best (usually a less loaded engine, which then holds a copy);
+    as the copies multiply, the requests per holder fall back below it and the prefix is
+    kept together again. 0: never (a prefix spreads only once its holders' queues outweigh
+    the prefill it saves).
+    """
+
+    spread_above: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """Everything one routing decision depends on, besides the fleet's state."""
 
@@ -88,6 +103,7 @@ class Policy:
     picker: PickerType = "max-score"
     cold_prefix: ColdPrefix = "ring"
     index: IndexSettings = field(default_factory=IndexSettings)
+    hot_prefix: HotPrefix = field(default_factory=HotPrefix)
 
     @property
     def block_tokens(self) -> int:
@@ -176,6 +192,11 @@ def parse_policy(data: Any, where: str = "<policy>") -> Policy:
             max_entries=idx.integer("max_entries", 4_000_000, 1_000, 10**9),
         )
         idx.done()
+    hot = HotPrefix()
+    hp = f.sub("hot_prefix")
+    if hp is not None:
+        hot = HotPrefix(spread_above=hp.number("spread_above", 0.0, 0.0, 1_000_000.0))
+        hp.done()
     f.done()
 
     # Cross-checks, with the path of the field at fault.
@@ -199,6 +220,7 @@ def parse_policy(data: Any, where: str = "<policy>") -> Policy:
         picker=cast(PickerType, picker),
         cold_prefix=cast(ColdPrefix, cold),
         index=index,
+        hot_prefix=hot,
     )
 
 

@@ -31,10 +31,18 @@ class Inputs:
     # its queue, and what the routers sent since its report into a batch known to be full.
     waiting: Sequence[int] = ()
     kv_usage: Sequence[float] = ()  # share of its KV cache in use, from 0 to 1
+    # Leading blocks of a hot prefix every candidate is scored as holding (``HotPrefix``).
+    credit: int = 0
 
     def uncached(self, i: int) -> int:
         """Prompt tokens candidate ``i`` would have to prefill (the part it does not hold)."""
         return max(0, self.prompt_tokens - self.overlaps[i] * self.block_tokens)
+
+    @property
+    def scored_overlaps(self) -> Sequence[int]:
+        """The overlaps scorers weigh: what each candidate holds, or the hot prefix's credit."""
+        c = self.credit
+        return [max(o, c) for o in self.overlaps] if c else self.overlaps
 
 
 ScoreFn = Callable[[Scorer, Inputs], list[float]]
@@ -53,9 +61,10 @@ def prefix_overlap(_s: Scorer, x: Inputs) -> list[float]:
     if not x.blocks:
         return [0.0] * len(x.candidates)
     n = x.blocks
+    overlaps = x.scored_overlaps
     if not x.waiting or min(x.waiting):
-        return [o / n for o in x.overlaps]
-    return [o / n / (1 + w) for o, w in zip(x.overlaps, x.waiting, strict=True)]
+        return [o / n for o in overlaps]
+    return [o / n / (1 + w) for o, w in zip(overlaps, x.waiting, strict=True)]
 
 
 def load(s: Scorer, x: Inputs) -> list[float]:
@@ -81,8 +90,9 @@ def prefill_cost(_s: Scorer, x: Inputs) -> list[float]:
     the tokens it saves exceed the tokens waiting ahead of it.
     """
     pt, bt = x.prompt_tokens, x.block_tokens
+    overlaps = x.scored_overlaps
     costs = [
-        q + (pt - o * bt if o * bt < pt else 0) for q, o in zip(x.tokens, x.overlaps, strict=True)
+        q + (pt - o * bt if o * bt < pt else 0) for q, o in zip(x.tokens, overlaps, strict=True)
     ]
     top = max(costs, default=0)
     if top <= 0:
@@ -106,9 +116,10 @@ def ttft_estimate(s: Scorer, x: Inputs) -> list[float]:
     waiting = x.waiting or [0] * n
     usage = x.kv_usage or [0.0] * n
     wt, rt, knee = s.wait_tokens, s.running_tokens, s.kv_pressure
+    overlaps = x.scored_overlaps
     costs = []
     for i in range(n):
-        cached = x.overlaps[i] * bt
+        cached = overlaps[i] * bt
         u = usage[i]
         if cached and u > knee:
             cached = int(cached * max(0.0, 1.0 - u) / (1.0 - knee))

@@ -149,7 +149,7 @@ policy_keys = st.sampled_from(
     ["version", "name", "description", "block_chars", "scorers", "type", "weight", "metric",
      "header", "user_field", "max_sessions", "wait_tokens", "running_tokens", "kv_pressure",
      "picker", "cold_prefix", "ring", "epsilon", "min_cap", "filters", "index", "max_entries",
-     "ttl_seconds", "engine_capacity_tokens"]
+     "ttl_seconds", "engine_capacity_tokens", "hot_prefix", "spread_above"]
 )  # fmt: skip
 policy_scalars = (
     st.none()
