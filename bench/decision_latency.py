@@ -1,29 +1,47 @@
-"""Decision time: block keys + index lookup + scoring + recording, per prompt size and fleet.
+"""Decision time: block keys + index lookup + scoring + taking the load + recording, per prompt
+size and fleet.
 
 The index is first warmed with unrelated prompts on every engine, and each measured prompt
 shares its first half with an earlier one, so the lookup walks real overlaps. With ``--cold``
 every prompt is new instead: nobody holds it, and its engine comes from the ring. Times are CPU
-time of the calling thread (``time.thread_time_ns``), the figure least disturbed by other
-work on a shared machine. Each row is measured twice, back to back: as the router decides
-(a shortlist of candidates is scored above ``SHORTLIST_ABOVE`` engines) and scoring every
-engine, so the ratio of the two is comparable even when the machine's load is not.
+time of the calling thread (``time.thread_time_ns``).
+
+The machines this runs on change speed from one second to the next (a shared VM ran the same
+code 1.6x slower for seconds at a time), so figures to be compared are never taken one after
+the other: every row runs its variants side by side, each in a worker process of its own
+(the same heap and collector work for each), in turns of ``BATCH`` decisions, so each
+variant's p50 comes from the same stretch of time as the others':
+
+- as the router decides (a shortlist of candidates is scored above ``SHORTLIST_ABOVE``);
+- scoring every engine (the same code);
+- with ``--baseline DIR``, the code of another checkout (``git worktree add DIR COMMIT``):
+  this file's ``Bench`` against that checkout's ``router`` package and its
+  ``policies/kv-aware.yaml``.
 
     python -m bench.decision_latency [--engines 8 64 256] [--tokens 1024 8192 32768 131072]
-        [--samples 300] [--cold]
+        [--samples 300] [--cold] [--baseline DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
+import subprocess
+import sys
 import time
+from pathlib import Path
+from typing import IO
 
 from router.core import decision
 from router.core.blocks import CHARS_PER_TOKEN
 from router.core.decision import RoutingCore
 from router.core.policy import load_policy
 from router.core.stats import percentile
-from router.presets import preset_path
+
+BATCH = 25  # decisions per turn: short enough that a variant never runs alone for long
+POLICY = Path("policies") / "kv-aware.yaml"
 
 
 def words(rng: random.Random, chars: int) -> str:
@@ -36,38 +54,106 @@ def words(rng: random.Random, chars: int) -> str:
     return "".join(out)[:chars]
 
 
-def measure(engines: int, tokens: int, samples: int, cold: bool = False) -> tuple[float, float]:
-    rng = random.Random(engines * 7 + tokens)
-    router = RoutingCore(load_policy(preset_path("kv-aware")))
-    names = [f"http://engine-{i}:8000" for i in range(engines)]
-    router.set_engines(dict.fromkeys(names, 1))
-    chars = tokens * CHARS_PER_TOKEN
-    prefixes = [words(rng, chars // 2) for _ in range(8)]
-    for i in range(min(engines, 64)):  # warm: every engine holds something
-        d = router.decide({"model": "m", "prompt": words(rng, 2048)}, names, now=float(i))
-        lease = router.acquire(d, str(d.engine), float(i))
-        router.record(lease, float(i))
-        router.release(lease)
-    bodies = [
-        {
-            "model": "m",
-            "prompt": (words(rng, chars // 2) if cold else rng.choice(prefixes))
-            + words(rng, chars - chars // 2),
-        }
-        for _ in range(samples)
-    ]
-    clock = time.thread_time_ns
-    times = []
-    for i, body in enumerate(bodies):
+class Bench:
+    """One warmed router and its prompts; ``run(n)`` times the next ``n`` requests."""
+
+    def __init__(self, root: Path, engines: int, tokens: int, samples: int, cold: bool) -> None:
+        rng = random.Random(engines * 7 + tokens)
+        self.router = RoutingCore(load_policy(root / POLICY))
+        self.names = [f"http://engine-{i}:8000" for i in range(engines)]
+        self.router.set_engines(dict.fromkeys(self.names, 1))
+        chars = tokens * CHARS_PER_TOKEN
+        prefixes = [words(rng, chars // 2) for _ in range(8)]
+        for i in range(min(engines, 64)):  # warm: every engine holds something
+            self._request({"model": "m", "prompt": words(rng, 2048)}, float(i))
+        self.bodies = [
+            {
+                "model": "m",
+                "prompt": (words(rng, chars // 2) if cold else rng.choice(prefixes))
+                + words(rng, chars - chars // 2),
+            }
+            for _ in range(samples)
+        ]
+        self.next = 0
+
+    def _request(self, body: dict[str, str], now: float) -> None:
         # The routing work of one request on the event loop: the decision, taking the load,
         # and recording the prefix at the first byte.
-        t0 = clock()
-        d = router.decide(body, names, now=100.0 + i)
-        lease = router.acquire(d, str(d.engine), 100.0 + i)
-        router.record(lease, 100.0 + i)
-        times.append(clock() - t0)
-        router.release(lease)
-    return percentile(times, 50) / 1000, percentile(times, 99) / 1000
+        d = self.router.decide(body, self.names, now=now)
+        lease = self.router.acquire(d, str(d.engine), now)
+        self.router.record(lease, now)
+        self.router.release(lease)
+
+    def run(self, n: int) -> list[int]:
+        clock = time.thread_time_ns
+        times = []
+        for body in self.bodies[self.next : self.next + n]:
+            now = 100.0 + self.next
+            t0 = clock()
+            self._request(body, now)
+            times.append(clock() - t0)
+            self.next += 1
+        return times
+
+
+class Worker:
+    """A ``Bench`` in a process of its own, against the ``router`` of checkout ``root``
+    (``every_engine``: with no shortlist, every engine scored)."""
+
+    def __init__(
+        self,
+        root: Path,
+        engines: int,
+        tokens: int,
+        samples: int,
+        cold: bool,
+        every_engine: bool = False,
+    ) -> None:
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        args = [str(root), str(engines), str(tokens), str(samples), str(int(cold))]
+        args.append(str(int(every_engine)))
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=root,
+        )
+
+    def run(self, n: int) -> list[int]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the baseline worker died (see its error above)")
+        times: list[int] = json.loads(line)
+        return times
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def serve_worker(argv: list[str], lines: IO[str]) -> None:
+    """The worker's side: build the bench, then time as many requests as each line asks."""
+    root, engines, tokens, samples, cold, every_engine = argv
+    if every_engine == "1":
+        decision.SHORTLIST_ABOVE = 1 << 30
+    bench = Bench(Path(root), int(engines), int(tokens), int(samples), cold == "1")
+    for line in lines:
+        print(json.dumps(bench.run(int(line))), flush=True)
+
+
+def measure(variants: list[Worker], samples: int) -> list[list[int]]:
+    """Each variant's times, taken in turns of ``BATCH`` requests."""
+    out: list[list[int]] = [[] for _ in variants]
+    for _ in range(0, samples, BATCH):
+        for times, v in zip(out, variants, strict=True):
+            times.extend(v.run(BATCH))
+    return out
 
 
 def main() -> None:
@@ -76,23 +162,35 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1024, 8192, 32768, 131072])
     ap.add_argument("--samples", type=int, default=300)
     ap.add_argument("--cold", action="store_true", help="every prompt new: nobody holds it")
+    ap.add_argument("--baseline", type=Path, help="a checkout to compare against, side by side")
     args = ap.parse_args()
-    print("| prompt tokens | engines | decision p50 | decision p99 | every engine scored: p50 |")
-    print("|---|---|---|---|---|")
-    shortlist_above = decision.SHORTLIST_ABOVE
+    here = Path(__file__).resolve().parent.parent
+    head = "| prompt tokens | engines | decision p50 | decision p99 | every engine scored: p50 |"
+    rule = "|---|---|---|---|---|"
+    if args.baseline:
+        head += " baseline p50 | this / baseline |"
+        rule += "---|---|"
+    print(head)
+    print(rule)
     for tokens in args.tokens:
         for engines in args.engines:
-            p50, p99 = measure(engines, tokens, args.samples, args.cold)
-            decision.SHORTLIST_ABOVE = 1 << 30
-            try:
-                all50, _ = measure(engines, tokens, args.samples, args.cold)
-            finally:
-                decision.SHORTLIST_ABOVE = shortlist_above
-            print(
-                f"| {tokens:,} | {engines} | {p50:.0f} us | {p99:.0f} us | {all50:.0f} us |",
-                flush=True,
-            )
+            setting = (engines, tokens, args.samples, args.cold)
+            variants = [Worker(here, *setting), Worker(here, *setting, every_engine=True)]
+            if args.baseline:
+                variants.append(Worker(args.baseline.resolve(), *setting))
+            times = measure(variants, args.samples)
+            for w in variants:
+                w.close()
+            p50s = [percentile(t, 50) / 1000 for t in times]
+            row = f"| {tokens:,} | {engines} | {p50s[0]:.0f} us | "
+            row += f"{percentile(times[0], 99) / 1000:.0f} us | {p50s[1]:.0f} us |"
+            if args.baseline:
+                row += f" {p50s[2]:.0f} us | {p50s[0] / p50s[2]:.2f} |"
+            print(row, flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--worker"]:
+        serve_worker(sys.argv[2:], sys.stdin)
+    else:
+        main()
