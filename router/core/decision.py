@@ -468,7 +468,7 @@ class RoutingCore:
         """Take ``engine``'s load for an attempt of ``d`` and claim its blocks there."""
         x = d.inputs
         tokens = x.uncached(x.candidates.index(engine)) if engine in x.candidates else 0
-        held = self.index.overlaps(d.keys, (engine,), now)[0] if d.keys else 0
+        held = self.index.overlap(engine, d.keys, now)
         fresh = d.keys[held:]
         lease = Lease(
             next(self._lease_ids), engine, tokens, d.keys, fresh, d.session, now, d.prefix

@@ -187,6 +187,11 @@ class BlockIndex:
             out[i] = lrus[engines[i]].leading(keys, now)
         return out
 
+    def overlap(self, engine: str, keys: Sequence[int], now: float | None = None) -> int:
+        """``overlaps`` for one engine."""
+        lru = self._engines.get(engine)
+        return lru.leading(keys, now) if lru is not None and keys else 0
+
     def holders(self, key: int) -> list[str]:
         return [e for e, lru in self._engines.items() if key in lru]
 

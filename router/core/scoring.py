@@ -116,16 +116,17 @@ def ttft_estimate(s: Scorer, x: Inputs) -> list[float]:
     waiting = x.waiting or [0] * n
     usage = x.kv_usage or [0.0] * n
     wt, rt, knee = s.wait_tokens, s.running_tokens, s.kv_pressure
-    overlaps = x.scored_overlaps
     costs = []
-    for i in range(n):
-        cached = overlaps[i] * bt
-        u = usage[i]
+    # Runs for every scored candidate of every request: conditionals, not max() calls.
+    for o, queued, r, w, u in zip(
+        x.scored_overlaps, x.tokens, x.requests, waiting, usage, strict=True
+    ):
+        cached = o * bt
         if cached and u > knee:
-            cached = int(cached * max(0.0, 1.0 - u) / (1.0 - knee))
-        w = waiting[i]
-        running = max(0, x.requests[i] - w)
-        costs.append(x.tokens[i] + max(0, pt - cached) + wt * w + rt * running)
+            cached = int(cached * (1.0 - u if u < 1.0 else 0.0) / (1.0 - knee))
+        uncached = pt - cached if pt > cached else 0
+        running = r - w if r > w else 0
+        costs.append(queued + uncached + wt * w + rt * running)
     top = max(costs, default=0)
     if top <= 0:
         return [1.0] * n

@@ -56,6 +56,8 @@ def test_index_overlaps_counts_leading_blocks_per_engine() -> None:
     idx.record("e2", [1, 2], now=0.0)
     idx.record("e3", [7], now=0.0)
     assert idx.overlaps([1, 2, 3, 4], ["e1", "e2", "e3", "unknown"]) == [3, 2, 0, 0]
+    assert [idx.overlap(e, [1, 2, 3, 4]) for e in ("e1", "e2", "e3", "unknown")] == [3, 2, 0, 0]
+    assert idx.overlap("e1", []) == 0
 
 
 def test_index_capacity_forgets_tail_before_head() -> None:
