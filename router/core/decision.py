@@ -157,7 +157,9 @@ class Lease:
 
     id: int
     engine: str
-    tokens: int  # in-flight prompt tokens charged: the part the engine was not believed to hold
+    # Prompt tokens charged until the first byte (``record``): the part the engine was not
+    # believed to hold, which it has to prefill.
+    tokens: int
     keys: tuple[int, ...]
     fresh: tuple[int, ...]  # of ``keys``, those the engine was not believed to hold: claimed
     session: str | None
@@ -489,6 +491,8 @@ class RoutingCore:
         if not self._leases.get(lease.id):
             return None  # released already, or recorded before
         self._leases[lease.id] = False
+        # Its prefill is done: what is queued on the engine no longer includes its prompt.
+        self.loads.prefilled(lease.engine, lease.tokens)
         if lease.session is not None:
             self._remember_session(lease.session, lease.engine)
         if not lease.keys:
@@ -501,7 +505,7 @@ class RoutingCore:
         unconfirmed = self._leases.pop(lease.id, None)
         if unconfirmed is None:
             return
-        self.loads.release(lease.engine, lease.tokens, lease.sent_at)
+        self.loads.release(lease.engine, lease.tokens if unconfirmed else 0, lease.sent_at)
         if lease.prefix is not None:
             n = self._heat.pop(lease.prefix, 0) - 1
             if n > 0:

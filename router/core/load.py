@@ -30,7 +30,7 @@ from operator import add
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """In-flight requests and in-flight prompt tokens."""
+    """In-flight requests, and the prompt tokens of those still waiting for their prefill."""
 
     requests: int = 0
     tokens: int = 0
@@ -105,6 +105,12 @@ class LoadBook:
             r.since += 1
             self._reblend(engine, r)
 
+    def prefilled(self, engine: str, tokens: int) -> None:
+        """``tokens`` that ``acquire`` counted on ``engine`` are prefilled: no longer queued."""
+        t = self._tokens.get(engine)
+        if t is not None:
+            self._tokens[engine] = max(0, t - tokens)
+
     def release(self, engine: str, tokens: int, sent_at: float = 0.0) -> None:
         """Give back what ``acquire`` (at ``sent_at``) took; counters never go below zero."""
         sent = self._sent.get(engine)
@@ -152,7 +158,7 @@ class LoadBook:
         return list(map(max, own, map(self._blend.get, engines, repeat(0))))
 
     def tokens(self, engines: Iterable[str]) -> list[int]:
-        """Fleet-wide in-flight prompt tokens for each of ``engines``, in order."""
+        """Fleet-wide prompt tokens awaiting prefill for each of ``engines``, in order."""
         own = map(self._tokens.get, engines, repeat(0))
         if self._remote_tokens:
             own = map(add, own, map(self._remote_tokens.get, engines, repeat(0)))

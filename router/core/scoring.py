@@ -22,7 +22,7 @@ class Inputs:
     blocks: int  # full blocks in the request
     overlaps: Sequence[int]  # leading blocks each candidate holds
     requests: Sequence[int]  # fleet-wide in-flight requests
-    tokens: Sequence[int]  # fleet-wide in-flight prompt tokens
+    tokens: Sequence[int]  # fleet-wide prompt tokens sent and not yet prefilled
     session_engine: str | None  # where this request's session went last, if known
     prompt_tokens: int = 0
     block_tokens: int = 1
@@ -86,8 +86,8 @@ def prefill_cost(_s: Scorer, x: Inputs) -> list[float]:
     """Estimated time to first token: prefill queued on the engine plus this prompt's uncached part.
 
     1 for the cheapest candidate, falling linearly to 0 at the dearest. The queue is the
-    engine's in-flight uncached prompt tokens, so a cache hit on a busy engine wins only while
-    the tokens it saves exceed the tokens waiting ahead of it.
+    engine's uncached prompt tokens not yet prefilled, so a cache hit on a busy engine wins
+    only while the tokens it saves exceed the tokens waiting ahead of it.
     """
     pt, bt = x.prompt_tokens, x.block_tokens
     overlaps = x.scored_overlaps
@@ -103,7 +103,8 @@ def prefill_cost(_s: Scorer, x: Inputs) -> list[float]:
 def ttft_estimate(s: Scorer, x: Inputs) -> list[float]:
     """Estimated time to first token, in prefill tokens, from everything that delays it.
 
-    Per candidate: the uncached prompt tokens queued on it (in flight from the routers), this
+    Per candidate: the uncached prompt tokens queued on it (sent by the routers, not yet
+    prefilled: a request's prompt stops counting at its first byte), this
     prompt's uncached part, ``wait_tokens`` per batch slot it would wait for inside the engine
     and ``running_tokens`` per request in its batch (both engine-reported where fresh), with the
     cached overlap discounted linearly from full at ``kv_pressure`` KV use to none at a full

@@ -101,7 +101,8 @@ class _FleetCollector(Collector):
         )
         toks = GaugeMetricFamily(
             "kvrouter_backend_inflight_tokens",
-            "Prompt tokens (not believed cached) this router has in flight on each engine.",
+            "Prompt tokens (not believed cached) this router has sent each engine to prefill, "
+            "until its answer begins.",
             labels=["backend"],
         )
         healthy = GaugeMetricFamily(

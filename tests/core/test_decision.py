@@ -223,6 +223,22 @@ def test_release_twice_is_harmless_and_counters_return_to_zero() -> None:
     assert r.loads.local_all() == {} and r.outstanding == 0
 
 
+def test_prompt_tokens_count_as_queued_until_the_answer_begins() -> None:
+    r = core(KV)
+    d = r.decide(body(LONG), ENGINES, now=0.0)
+    assert d.engine is not None
+    first = r.acquire(d, d.engine, 0.0)
+    second = r.acquire(d, d.engine, 0.0)  # the same prompt again, before the first answered
+    assert first.tokens > 0 and r.loads.local(d.engine).tokens == first.tokens + second.tokens
+    r.record(first, now=1.0)  # prefilled: decoding, no longer queued ahead of anyone
+    assert r.loads.local(d.engine).requests == 2
+    assert r.loads.local(d.engine).tokens == second.tokens
+    r.release(first)  # gives back the request, not the tokens a second time
+    assert r.loads.local(d.engine).tokens == second.tokens
+    r.release(second)  # no answer: its tokens go back with it
+    assert r.loads.local_all() == {} and r.outstanding == 0
+
+
 def test_forget_clears_what_an_engine_was_believed_to_hold() -> None:
     r = core(KV)
     d, lease = answered(r, body(LONG), ENGINES, now=0.0)

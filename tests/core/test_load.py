@@ -103,6 +103,20 @@ def test_loadbook_report_with_peer_load_never_below_fleet_figure() -> None:
     assert book.requests([E], now=1.0) == [5]
 
 
+def test_loadbook_prefilled_tokens_leave_the_queue_not_the_request() -> None:
+    book = LoadBook()
+    book.acquire(E, 100, now=1.0)
+    book.acquire(E, 30, now=1.0)
+    book.prefilled(E, 100)
+    assert book.local(E) == Load(2, 30)
+    book.prefilled(E, 500)  # more than is counted: never below zero
+    assert book.local(E) == Load(2, 0)
+    book.prefilled("other", 10)  # an engine with nothing in flight: nothing to take
+    book.release(E, 0, sent_at=1.0)
+    book.release(E, 0, sent_at=1.0)
+    assert book.local_all() == {}
+
+
 def test_loadbook_stale_report_falls_back() -> None:
     book = LoadBook(stale_after=2.0)
     book.engine_report(E, EngineReport(running=1, waiting=40, kv_usage=0.9), at=1.0)
