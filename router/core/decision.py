@@ -4,15 +4,18 @@ The gateway and the simulator both drive a request through ``RoutingCore`` in th
 
 1. ``decide``: a query. Block keys of the canonical routing text; per candidate the leading
    blocks it holds (confirmed, or provisional for attempts in flight), the fleet-wide
-   in-flight requests and tokens; the bounded-load filter; the picker (round-robin, the ring
-   home, or the best weighted score; with ``cold_prefix: ring`` a prefix nobody holds goes to
-   its ring home, so every replica agrees on it before gossip spreads the news). It returns a
+   in-flight requests and tokens; the bounded-load filter; for a hot prefix (more of its
+   requests in flight per holder than ``hot_prefix.spread_above``), every candidate credited
+   with holding it; the picker (round-robin, the ring home, or the best weighted score; with
+   ``cold_prefix: ring`` a prefix nobody holds goes to its ring home, so every replica agrees
+   on it before gossip spreads the news). It returns a
    frozen ``Decision``: the pick, the ordered fallbacks, and the explanation. Nothing changes.
 2. ``acquire(decision, engine, now)``: take the engine's load and put the request's blocks in
    the index *provisionally* for it (``core.predictions``: not gossiped, withdrawn on
    failure); returns a ``Lease``.
 3. ``record(lease, now)``: the engine's answer has begun (its first byte), so it holds the
-   prefix: the entries are confirmed and the ``Delta`` to publish is returned.
+   prefix: the entries are confirmed and the ``Delta`` to publish is returned; the prompt is
+   prefilled, so its tokens leave the engine's queue.
 4. ``release(lease)``: on every exit, exactly once (a second call is a no-op): the load goes
    back, and provisional entries no answer confirmed (a failed attempt) are withdrawn.
 
@@ -36,7 +39,6 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import filterfalse
 from typing import Any
 
 from router.core.blocks import RoutingText, block_keys, namespace_seed, routing_text
@@ -310,7 +312,7 @@ class RoutingCore:
             )
             if len(keep) < len(cands):
                 kept = {cands[i] for i in keep}
-                unscored = list(filterfalse(kept.__contains__, cands))
+                unscored = list(itertools.filterfalse(kept.__contains__, cands))
                 cands = [cands[i] for i in keep]
                 overlaps = [overlaps[i] for i in keep]
                 requests = [requests[i] for i in keep]
