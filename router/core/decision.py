@@ -163,7 +163,9 @@ class Lease:
     # believed to hold, which it has to prefill.
     tokens: int
     keys: tuple[int, ...]
-    fresh: tuple[int, ...]  # of ``keys``, those the engine was not believed to hold: claimed
+    # Of ``keys``, those this attempt claims (``core.predictions``): the ones the engine was
+    # not believed to hold, and the provisional ones it relies on.
+    claimed: tuple[int, ...]
     session: str | None
     sent_at: float = 0.0  # when the load was taken, to place it against engines' reports
     prefix: int | None = None  # ``Decision.prefix``: this attempt adds to its heat
@@ -473,16 +475,20 @@ class RoutingCore:
         x = d.inputs
         tokens = x.uncached(x.candidates.index(engine)) if engine in x.candidates else 0
         held = self.index.overlap(engine, d.keys, now)
-        fresh = d.keys[held:]
+        # It claims the blocks it adds and the provisional ones it relies on, so that a
+        # sibling attempt's failure cannot take blocks from under it (or leave a hole in its
+        # chain, which the index's search for held blocks assumes away).
+        relied = self.predictions.claimed(engine, d.keys[:held])
+        claimed = (*relied, *d.keys[held:])
         lease = Lease(
-            next(self._lease_ids), engine, tokens, d.keys, fresh, d.session, now, d.prefix
+            next(self._lease_ids), engine, tokens, d.keys, claimed, d.session, now, d.prefix
         )
         self.loads.acquire(engine, tokens, now)
         if d.prefix is not None:
             self._heat[d.prefix] = self._heat.get(d.prefix, 0) + 1
         if d.keys:
             self.index.predict(engine, d.keys, now)
-            self.predictions.claim(engine, fresh)
+            self.predictions.claim(engine, claimed)
         self._leases[lease.id] = True
         if d.reason == "round-robin" and engine == d.engine:
             self._turn += 1
@@ -512,8 +518,9 @@ class RoutingCore:
             n = self._heat.pop(lease.prefix, 0) - 1
             if n > 0:
                 self._heat[lease.prefix] = n
-        if unconfirmed and lease.fresh:
-            self.index.withdraw(lease.engine, self.predictions.withdraw(lease.engine, lease.fresh))
+        if unconfirmed and lease.claimed:
+            gone = self.predictions.withdraw(lease.engine, lease.claimed)
+            self.index.withdraw(lease.engine, gone)
 
     def forget(self, engine: str) -> Delta:
         """Believe ``engine`` holds nothing (it restarted or was replaced); the delta to publish."""

@@ -60,6 +60,11 @@ class Predictions:
             del self._claims[engine]
         return gone
 
+    def claimed(self, engine: str, keys: Sequence[int]) -> tuple[int, ...]:
+        """Of ``keys``, those some attempt in flight claims on ``engine``."""
+        t = self._claims.get(engine)
+        return tuple(t.keys() & keys) if t else ()
+
     def count(self, engine: str, keys: Sequence[int]) -> int:
         """How many of ``keys`` are provisional on ``engine``."""
         t = self._claims.get(engine)

@@ -157,7 +157,7 @@ def test_acquire_claims_only_blocks_not_already_held() -> None:
     d = r.decide(body(LONG + " and a new tail " * 40), ENGINES, now=1.0)
     assert d.engine is not None and d.engine == first.engine
     lease = r.acquire(d, d.engine, 1.0)
-    assert lease.fresh == d.keys[len(first.keys) :]
+    assert lease.claimed == d.keys[len(first.keys) :]
     r.release(lease)  # failed: the new tail goes, what was confirmed before stays
     assert r.index.blocks(d.engine) == len(first.keys)
 
@@ -173,6 +173,26 @@ def test_failed_attempt_keeps_blocks_another_attempt_confirmed() -> None:
     r.release(doomed)  # the first one failed afterwards
     r.release(ok)
     assert r.index.blocks(d.engine) == len(d.keys) and not r.predictions
+
+
+def test_failed_attempt_leaves_no_hole_under_one_that_relies_on_it() -> None:
+    r = core(KV)
+    first, lease = answered(r, body(LONG), ENGINES, now=0.0)
+    r.release(lease)
+    engine = first.engine
+    assert engine is not None
+    middle = r.decide(body(LONG + " a middle part " * 80), [engine], now=1.0)
+    doomed = r.acquire(middle, engine, 1.0)  # claims the middle blocks, no answer yet
+    longer = r.decide(body(LONG + " a middle part " * 80 + " and a tail " * 80), [engine], 1.0)
+    assert longer.overlap_of(engine) == len(middle.keys)  # relies on the provisional middle
+    ok = r.acquire(longer, engine, 1.0)
+    r.release(doomed)  # the middle's own attempt failed: the blocks stay, ``ok`` claims them
+    assert r.index.overlap(engine, longer.keys) == len(longer.keys)
+    r.record(ok, 2.0)
+    r.release(ok)
+    assert r.index.overlap(engine, longer.keys) == len(longer.keys) and not r.predictions
+    r.release(r.acquire(r.decide(body(LONG + " another " * 90), [engine], 3.0), engine, 3.0))
+    assert not r.predictions and r.outstanding == 0
 
 
 def test_release_without_answer_leaves_no_belief() -> None:
