@@ -297,14 +297,10 @@ class RoutingCore:
         eligible = self._eligible(cands, requests, prompt_tokens)
         deep = max(overlaps, default=0)
         prefix = keys[deep - 1] if deep else None
-        credit = 0
         spread = p.hot_prefix.spread_above
-        if (
-            spread
-            and prefix is not None
-            and self._heat.get(prefix, 0) > spread * overlaps.count(deep)
-        ):
-            credit = deep  # hot: its holders are busy with it; any engine may take a copy
+        heat = self._heat.get(prefix, 0) if prefix is not None else 0
+        # Hot: its holders are busy with it, so any engine may take a copy.
+        credit = deep if spread and heat > spread * overlaps.count(deep) else 0
         session_engine = self._sessions.get(session) if session is not None else None
         unscored: list[str] = []
         if p.picker == "max-score" and len(cands) > SHORTLIST_ABOVE:
