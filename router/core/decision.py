@@ -297,6 +297,10 @@ class RoutingCore:
         eligible = self._eligible(cands, requests, prompt_tokens)
         deep = max(overlaps, default=0)
         prefix = keys[deep - 1] if deep else None
+        # The ring key is the first block nobody holds: for a cold prefix its first block, for a
+        # shared system prompt the block where this conversation parts from the others (so new
+        # conversations behind one popular prompt spread instead of meeting on one home).
+        ring_key = keys[min(deep, len(keys) - 1)] if keys else seed
         spread = p.hot_prefix.spread_above
         heat = self._heat.get(prefix, 0) if prefix is not None else 0
         # Hot: its holders are busy with it, so any engine may take a copy.
@@ -304,7 +308,6 @@ class RoutingCore:
         session_engine = self._sessions.get(session) if session is not None else None
         unscored: list[str] = []
         if p.picker == "max-score" and len(cands) > SHORTLIST_ABOVE:
-            ring_key = keys[min(deep, len(keys) - 1)] if keys else seed
             keep = shortlist(
                 cands, overlaps, requests, eligible, session_engine, ring_key, self.ring.home
             )
@@ -341,7 +344,7 @@ class RoutingCore:
             w = s.weight
             if w:
                 totals = [t + w * v for t, v in zip(totals, scores[s.type], strict=True)]
-        engine, reason = self._pick(x, keys, eligible, totals, seed)
+        engine, reason = self._pick(x, eligible, totals, ring_key)
         order = sorted(
             range(len(cands)), key=lambda i: (not eligible[i], -totals[i], x.requests[i])
         )
@@ -403,21 +406,12 @@ class RoutingCore:
         return min(blocks, int(tokens * chars / ids / self.policy.block_chars + 1e-9))
 
     def _pick(
-        self,
-        x: Inputs,
-        keys: Sequence[int],
-        eligible: list[bool],
-        totals: list[float],
-        seed: int,
+        self, x: Inputs, eligible: list[bool], totals: list[float], ring_key: int
     ) -> tuple[str | None, str]:
         p = self.policy
         cands = x.candidates
         if not cands:
             return None, "no-candidates"
-        # The ring key is the first block nobody holds: for a cold prefix its first block, for a
-        # shared system prompt the block where this conversation parts from the others (so new
-        # conversations behind one popular prompt spread instead of meeting on one home).
-        ring_key = keys[min(max(x.overlaps, default=0), len(keys) - 1)] if keys else seed
         if p.picker == "round-robin":
             return cands[(self._turn + 1) % len(cands)], "round-robin"
         if p.picker == "ring" or (p.cold_prefix == "ring" and not any(x.overlaps)):

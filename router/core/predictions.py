@@ -61,18 +61,17 @@ class Predictions:
         return gone
 
     def claimed(self, engine: str, keys: Sequence[int]) -> tuple[int, ...]:
-        """Of ``keys``, those some attempt in flight claims on ``engine``."""
+        """Of ``keys``, those some attempt in flight claims on ``engine``.
+
+        Every decision asks this of each holder while requests are in flight: a set
+        intersection runs in C (a chain's keys are distinct, so none is counted twice).
+        """
         t = self._claims.get(engine)
         return tuple(t.keys() & keys) if t else ()
 
     def count(self, engine: str, keys: Sequence[int]) -> int:
         """How many of ``keys`` are provisional on ``engine``."""
-        t = self._claims.get(engine)
-        if not t:
-            return 0
-        # Every decision counts them for each holder while requests are in flight: a set
-        # intersection runs in C (a chain's keys are distinct, so nothing is counted twice).
-        return len(t.keys() & keys)
+        return len(self.claimed(engine, keys))
 
     def clear(self) -> None:
         self._claims.clear()
