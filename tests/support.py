@@ -168,6 +168,16 @@ def http_json(url: str, body: Any = None, headers: dict[str, str] | None = None)
         return json.loads(r.read())
 
 
+def readiness(proc: Proc) -> dict[str, Any]:
+    """The gateway's /ready body, whether it answers 200 or 503 (not every backend up yet)."""
+    try:
+        result: dict[str, Any] = http_json(f"{proc.url}/ready")
+    except urllib.error.HTTPError as e:
+        with e:
+            result = json.loads(e.read())
+    return result
+
+
 def metrics_text(proc: Proc) -> str:
     """The process's Prometheus exposition."""
     with urllib.request.urlopen(f"{proc.url}/metrics", timeout=10) as r:

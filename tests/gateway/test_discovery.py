@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.test_integration import readiness
-from tests.support import Proc, start_kvrouter, wait_until
+from tests.support import Proc, readiness, start_kvrouter, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -33,6 +33,7 @@ from tests.support import (
     http_json,
     metric,
     metrics_text,
+    readiness,
     running,
     start_kvrouter,
     wait_until,
@@ -55,16 +56,6 @@ health: {{interval_seconds: 0.5, timeout_seconds: 2, eject_after_failures: 3,
 timeouts: {{connect_seconds: 2, first_byte_seconds: 2, idle_stream_seconds: 5}}
 limits: {{max_body_bytes: 65536, max_attempts: 3}}
 """
-
-
-def readiness(router: Proc) -> dict[str, Any]:
-    """The gateway's /ready body, whether it answers 200 or 503."""
-    try:
-        result: dict[str, Any] = http_json(f"{router.url}/ready")
-    except urllib.error.HTTPError as e:
-        with e:
-            result = json.loads(e.read())
-    return result
 
 
 def assert_inflight_zero(router: Proc) -> None:

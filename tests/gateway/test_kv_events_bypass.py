@@ -20,7 +20,16 @@ from typing import Any
 import pytest
 
 from router.presets import preset_text
-from tests.support import Proc, free_port, http_json, metric, running, start_kvrouter, wait_until
+from tests.support import (
+    Proc,
+    free_port,
+    http_json,
+    metric,
+    readiness,
+    running,
+    start_kvrouter,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -105,9 +114,7 @@ def engine_hit_ratio(
                 args += ["--kv-events", f"{e.url}={ev}"]
         router = start_kvrouter(args, tmp, env={"KVROUTER_ADMIN_TOKEN": TOKEN})
         procs.append(router)
-        wait_until(
-            lambda: http_json(f"{router.url}/ready")["healthy_backends"] == ENGINES, "healthy"
-        )
+        wait_until(lambda: readiness(router)["healthy_backends"] == ENGINES, "healthy")
         before_reset: dict[str, Any] = {}
         for i, (b, target) in enumerate(work):
             if i == len(work) // 2:

@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 
-from tests.support import Proc, free_port, http_json, metric, running, start_kvrouter, wait_until
+from tests.support import (
+    Proc,
+    free_port,
+    http_json,
+    metric,
+    readiness,
+    running,
+    start_kvrouter,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +67,7 @@ class Fleet:
             args += ["--backend", e.url, "--kv-events", f"{e.url}={self.events[e.url]}"]
         router = start_kvrouter(args, self.tmp, env={"KVROUTER_ADMIN_TOKEN": TOKEN})
         self.procs.append(router)
-        wait_until(lambda: http_json(f"{router.url}/ready")["healthy_backends"] == 2, "healthy")
+        wait_until(lambda: readiness(router)["healthy_backends"] == 2, "healthy")
         return router
 
     def route(self, b: dict[str, Any], router: Proc | None = None) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from tests.support import (
     free_port,
     http_json,
     metric,
+    readiness,
     running,
     start_kvrouter,
     wait_until,
@@ -58,7 +59,7 @@ class Fleet:
             args += ["--backend", e.url, "--kv-events", f"{e.url}={self.events[e.url]}"]
         self.router = start_kvrouter(args, tmp, env={"KVROUTER_ADMIN_TOKEN": TOKEN})
         procs.append(self.router)
-        wait_until(lambda: http_json(f"{self.router.url}/ready")["healthy_backends"] == 2, "ready")
+        wait_until(lambda: readiness(self.router)["healthy_backends"] == 2, "ready")
 
     def candidate(self, msgs: list[ChatCompletionMessageParam], engine: Proc) -> Any:
         body = {"model": MODEL, "messages": msgs}
