@@ -182,8 +182,6 @@ class RoutingCore:
         self.predictions = Predictions()
         self.ring = BoundedLoadRing()
         self._turn = 0  # round-robin's position, advanced by ``acquire``
-        # Per prefix key (``Decision.prefix``), the attempts in flight: bounded by the leases.
-        self._heat: dict[int, int] = {}
         self._sessions: dict[str, str] = {}
         # Outstanding leases -> whether their claims are still unconfirmed.
         self._leases: dict[int, bool] = {}
@@ -302,7 +300,7 @@ class RoutingCore:
         # conversations behind one popular prompt spread instead of meeting on one home).
         ring_key = keys[min(deep, len(keys) - 1)] if keys else seed
         spread = p.hot_prefix.spread_above
-        heat = self._heat.get(prefix, 0) if prefix is not None else 0
+        heat = self.loads.heat(prefix) if prefix is not None else 0
         # Hot: its holders are busy with it, so any engine may take a copy.
         credit = deep if spread and heat > spread * overlaps.count(deep) else 0
         session_engine = self._sessions.get(session) if session is not None else None
@@ -473,9 +471,7 @@ class RoutingCore:
         lease = Lease(
             next(self._lease_ids), engine, tokens, d.keys, claimed, d.session, now, d.prefix
         )
-        self.loads.acquire(engine, tokens, now)
-        if d.prefix is not None:
-            self._heat[d.prefix] = self._heat.get(d.prefix, 0) + 1
+        self.loads.acquire(engine, tokens, now, d.prefix)
         if d.keys:
             self.index.predict(engine, d.keys, now)
             self.predictions.claim(engine, claimed)
@@ -503,11 +499,8 @@ class RoutingCore:
         unconfirmed = self._leases.pop(lease.id, None)
         if unconfirmed is None:
             return
-        self.loads.release(lease.engine, lease.tokens if unconfirmed else 0, lease.sent_at)
-        if lease.prefix is not None:
-            n = self._heat.pop(lease.prefix, 0) - 1
-            if n > 0:
-                self._heat[lease.prefix] = n
+        tokens = lease.tokens if unconfirmed else 0
+        self.loads.release(lease.engine, tokens, lease.sent_at, lease.prefix)
         if unconfirmed and lease.claimed:
             gone = self.predictions.withdraw(lease.engine, lease.claimed)
             self.index.withdraw(lease.engine, gone)

@@ -18,14 +18,19 @@ fits): a report with requests waiting shows it, as the requests then running. Th
 it from two such reports in a row (and raises it on any report running more), so that between
 scrapes it knows when what it sent since has filled the batch: the next request would wait for
 a slot, however stale the report's "nobody waiting" is (``backlog``).
+
+A hot prefix's heat (``HotPrefix``: the requests in flight behind one prefix key) is load
+too, and each replica sees only its own share of it. Local heat follows ``acquire`` and
+``release``; each peer reports its hottest few prefixes (``hottest``), summed like the rest.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from operator import add
+from operator import add, itemgetter
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +99,18 @@ class LoadBook:
         self._oldest = float("inf")
         # Each engine's batch limit, as its reports with requests waiting showed it.
         self._slots: dict[str, int] = {}
+        # Requests in flight per prefix key: this replica's, each peer's hottest, their sum.
+        self._heat: dict[int, int] = {}
+        self._remote_heat: dict[str, dict[int, int]] = {}
+        self._remote_heat_sum: dict[int, int] = {}
 
-    def acquire(self, engine: str, tokens: int, now: float = 0.0) -> None:
-        """Count a request sent to ``engine`` at ``now`` with ``tokens`` to prefill."""
+    def acquire(
+        self, engine: str, tokens: int, now: float = 0.0, prefix: int | None = None
+    ) -> None:
+        """Count a request sent to ``engine`` at ``now`` with ``tokens`` to prefill (behind
+        ``prefix``, the key whose heat it adds to)."""
+        if prefix is not None:
+            self._heat[prefix] = self._heat.get(prefix, 0) + 1
         self._requests[engine] = self._requests.get(engine, 0) + 1
         self._tokens[engine] = self._tokens.get(engine, 0) + tokens
         self._sent.setdefault(engine, []).append(now)
@@ -111,8 +125,14 @@ class LoadBook:
         if t is not None:
             self._tokens[engine] = max(0, t - tokens)
 
-    def release(self, engine: str, tokens: int, sent_at: float = 0.0) -> None:
+    def release(
+        self, engine: str, tokens: int, sent_at: float = 0.0, prefix: int | None = None
+    ) -> None:
         """Give back what ``acquire`` (at ``sent_at``) took; counters never go below zero."""
+        if prefix is not None:
+            n = self._heat.pop(prefix, 0) - 1
+            if n > 0:
+                self._heat[prefix] = n
         sent = self._sent.get(engine)
         if sent:
             try:
@@ -260,14 +280,26 @@ class LoadBook:
             usage.append(r.report.kv_usage if r is not None else 0.0)
         return waiting, usage
 
-    def report(self, origin: str, loads: Mapping[str, Load]) -> None:
-        """Replace peer ``origin``'s figures with its latest report."""
+    def heat(self, prefix: int) -> int:
+        """Requests in flight behind ``prefix``, over this replica and its peers."""
+        return self._heat.get(prefix, 0) + self._remote_heat_sum.get(prefix, 0)
+
+    def hottest(self, n: int) -> dict[int, int]:
+        """This replica's ``n`` hottest prefixes and their heat, for its peers."""
+        return dict(heapq.nlargest(n, self._heat.items(), key=itemgetter(1)))
+
+    def report(
+        self, origin: str, loads: Mapping[str, Load], heat: Mapping[int, int] | None = None
+    ) -> None:
+        """Replace peer ``origin``'s figures (and its hottest prefixes) with its latest report."""
         self._remote[origin] = dict(loads)
+        self._remote_heat[origin] = {k: n for k, n in (heat or {}).items() if n > 0}
         self._resum()
 
     def forget(self, origin: str) -> None:
         """Drop a peer's figures (it died or left)."""
         if self._remote.pop(origin, None) is not None:
+            self._remote_heat.pop(origin, None)
             self._resum()
 
     @property
@@ -282,3 +314,8 @@ class LoadBook:
                 req[e] = req.get(e, 0) + ld.requests
                 tok[e] = tok.get(e, 0) + ld.tokens
         self._remote_requests, self._remote_tokens = req, tok
+        heat: dict[int, int] = {}
+        for hot in self._remote_heat.values():
+            for k, n in hot.items():
+                heat[k] = heat.get(k, 0) + n
+        self._remote_heat_sum = heat

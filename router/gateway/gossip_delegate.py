@@ -2,9 +2,9 @@
 
 The gateway calls ``queue(delta)`` with every delta that ``BlockIndex.record``, ``remove`` and
 ``clear`` return; the node takes them each round. Remote deltas go to ``BlockIndex.apply``
-(the index decides how a delta merges), remote load to ``LoadBook.report``, and a dead or
-silent peer's load to ``LoadBook.forget``. Local load is read from ``LoadBook.local_all`` when
-the node reports it.
+(the index decides how a delta merges), remote load and prefix heat to ``LoadBook.report``,
+and a dead or silent peer's load to ``LoadBook.forget``. Local load is read from
+``LoadBook.local_all`` and ``LoadBook.hottest`` when the node reports it.
 
 A restarted replica numbers its deltas from 1 again, so its index must use an origin that is
 new for every process run: build it with ``BlockIndex(limits, origin=run_origin(node_id))``.
@@ -25,6 +25,10 @@ from router.gossip.wire import pb
 _KEY_BYTES = 8
 # Room left in a chunk for engine names and framing.
 _CHUNK_SLACK = 4096
+# A replica's hottest prefixes in each load report, and the most taken from a peer's. A
+# prefix spreads once a few requests per holder are in flight behind it, so only the hottest
+# few can be near that; the cap bounds what a peer's report can make this replica hold.
+HOT_PREFIXES = 32
 
 
 def run_origin(node_id: str) -> str:
@@ -114,9 +118,18 @@ class IndexDelegate:
             self._now(),
         )
 
-    def merge_load(self, origin: str, engines: Sequence[pb.EngineLoad]) -> None:
+    def local_heat(self) -> list[pb.PrefixHeat]:
+        """This replica's hottest prefixes and the requests in flight behind each."""
+        hot = self.loads.hottest(HOT_PREFIXES)
+        return [pb.PrefixHeat(prefix=k, requests=n) for k, n in sorted(hot.items())]
+
+    def merge_load(
+        self, origin: str, engines: Sequence[pb.EngineLoad], prefixes: Sequence[pb.PrefixHeat]
+    ) -> None:
         """Replace ``origin``'s figures in the load book."""
-        self.loads.report(origin, {e.engine: Load(e.requests, e.tokens) for e in engines})
+        loads = {e.engine: Load(e.requests, e.tokens) for e in engines}
+        heat = {h.prefix: h.requests for h in prefixes[:HOT_PREFIXES]}
+        self.loads.report(origin, loads, heat)
 
     def forget_load(self, origin: str) -> None:
         self.loads.forget(origin)

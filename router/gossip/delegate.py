@@ -24,12 +24,18 @@ class Delegate(Protocol):
         """This replica's current in-flight load per engine."""
         ...
 
+    def local_heat(self) -> list[pb.PrefixHeat]:
+        """This replica's hottest prefixes: requests in flight behind each (a bounded few)."""
+        ...
+
     def merge_delta(self, delta: pb.Delta) -> None:
         """Merge a remote delta the node has not delivered before."""
         ...
 
-    def merge_load(self, origin: str, engines: Sequence[pb.EngineLoad]) -> None:
-        """Replace ``origin``'s load figures with a newer report."""
+    def merge_load(
+        self, origin: str, engines: Sequence[pb.EngineLoad], prefixes: Sequence[pb.PrefixHeat]
+    ) -> None:
+        """Replace ``origin``'s load figures (and its hottest prefixes) with a newer report."""
         ...
 
     def forget_load(self, origin: str) -> None:

@@ -56,7 +56,7 @@ class NodeState:
         # Delta ids asked of some peer, until when: not asked again of others meanwhile.
         self._wanted: dict[tuple[str, int], float] = {}
         self._load_version = 0
-        self._load_sent: list[pb.EngineLoad] | None = None
+        self._load_sent: tuple[list[pb.EngineLoad], list[pb.PrefixHeat]] | None = None
         self._load_sent_at = -math.inf
 
     def start(self, address: str, now: float, wall: float) -> None:
@@ -125,7 +125,7 @@ class NodeState:
             return
         if not self.loads.offer(report, now):
             return
-        self._delegate.merge_load(origin, report.engines)
+        self._delegate.merge_load(origin, report.engines, report.prefixes)
         self._counters.loads_applied += 1
         self._load_q.push(origin, report, report.ByteSize() + 4)
 
@@ -259,18 +259,19 @@ class NodeState:
         t = self.tuning
         if now - self._load_sent_at < t.load_interval:
             return
-        engines = self._delegate.local_load()
+        figures = self._delegate.local_load(), self._delegate.local_heat()
         # Unchanged figures are re-sent only often enough to outlive the peers' TTL.
-        if engines == self._load_sent and now - self._load_sent_at < t.load_ttl / 3:
+        if figures == self._load_sent and now - self._load_sent_at < t.load_ttl / 3:
             return
         self._load_version = max(self._load_version + 1, int(wall * 1000))
         report = pb.LoadReport(
             origin=self.node_id,
             version=self._load_version,
             created_unix_ms=int(wall * 1000),
-            engines=engines,
+            engines=figures[0],
+            prefixes=figures[1],
         )
-        self._load_sent, self._load_sent_at = engines, now
+        self._load_sent, self._load_sent_at = figures, now
         self.loads.offer(report, now)
         self._load_q.push(self.node_id, report, report.ByteSize() + 4)
 

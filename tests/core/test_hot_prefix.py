@@ -9,6 +9,7 @@ import pytest
 
 from router.core.decision import Lease, RoutingCore
 from router.core.engine_model import EngineSpec
+from router.core.load import Load
 from router.core.policy import HotPrefix, Policy, PolicyError, load_policy, load_policy_text
 from router.core.simulator import Fleet, simulate_policy
 from router.core.workload import HotspotSpec, SyntheticSpec, hotspot
@@ -68,6 +69,22 @@ def test_hot_prefix_heat_leaves_with_the_requests() -> None:
     # Nothing in flight: the prefix is not hot, and goes to one of the engines holding it.
     engine, lease, spread = ask(r, 99, 10.0)
     assert spread == 0 and engine in holders
+    r.release(lease)
+
+
+def test_hot_prefix_heat_of_peer_replicas_counts() -> None:
+    """Each replica routes a share of a prefix's requests; their gossiped heat adds to its
+    own, so a fleet of replicas spreads at the same heat as one router would."""
+    r = core(2)
+    first, made, _ = ask(r, 0, 0.0)  # made the prefix: nobody held it, no heat
+    again, lease, _ = ask(r, 1, 1.0)  # one request in flight behind it, here
+    assert again == first and lease.prefix is not None
+    r.loads.report("peer", {first: Load(2, 0)}, {lease.prefix: 2})  # 1 + 2: above 2 per holder
+    hot = r.decide({"model": "m", "prompt": DOC + " question 2?"}, ENGINES, 2.0)
+    assert hot.engine != first and hot.explain()["spread_blocks"] > 0
+    r.loads.forget("peer")
+    assert r.decide({"model": "m", "prompt": DOC + " question 3?"}, ENGINES, 3.0).engine == first
+    r.release(made)
     r.release(lease)
 
 

@@ -117,6 +117,24 @@ def test_loadbook_prefilled_tokens_leave_the_queue_not_the_request() -> None:
     assert book.local_all() == {}
 
 
+def test_loadbook_heat_local_and_peers_summed_and_never_negative() -> None:
+    book = LoadBook()
+    for _ in range(3):
+        book.acquire("e", 10, prefix=42)
+    book.acquire("e", 10)  # behind no prefix
+    book.report("peer", {"e": Load(2, 0)}, {42: 2, 7: 1})
+    assert (book.heat(42), book.heat(7)) == (5, 1)
+    assert book.hottest(1) == {42: 3}  # what this replica reports: its own share only
+    for _ in range(5):  # more releases than acquires: the count stops at zero
+        book.release("e", 10, prefix=42)
+    book.release("e", 10)
+    assert book.heat(42) == 2 and book.hottest(8) == {}
+    book.report("peer", {}, {7: 4})  # a newer report replaces the peer's prefixes
+    assert (book.heat(42), book.heat(7)) == (0, 4)
+    book.forget("peer")
+    assert book.heat(7) == 0
+
+
 def test_loadbook_stale_report_falls_back() -> None:
     book = LoadBook(stale_after=2.0)
     book.engine_report(E, EngineReport(running=1, waiting=40, kv_usage=0.9), at=1.0)

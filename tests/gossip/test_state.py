@@ -28,8 +28,10 @@ class RecordingDelegate:
 
     pending: list[pb.Delta] = field(default_factory=list)
     load: list[pb.EngineLoad] = field(default_factory=list)
+    heat: list[pb.PrefixHeat] = field(default_factory=list)
     merged: list[tuple[str, int]] = field(default_factory=list)
     loads: dict[str, list[pb.EngineLoad]] = field(default_factory=dict)
+    heats: dict[str, list[pb.PrefixHeat]] = field(default_factory=dict)
     forgotten: list[str] = field(default_factory=list)
     seen: dict[str, int] = field(default_factory=dict)
 
@@ -40,11 +42,17 @@ class RecordingDelegate:
     def local_load(self) -> list[pb.EngineLoad]:
         return list(self.load)
 
+    def local_heat(self) -> list[pb.PrefixHeat]:
+        return list(self.heat)
+
     def merge_delta(self, delta: pb.Delta) -> None:
         self.merged.append((delta.origin, delta.seq))
 
-    def merge_load(self, origin: str, engines: Sequence[pb.EngineLoad]) -> None:
+    def merge_load(
+        self, origin: str, engines: Sequence[pb.EngineLoad], prefixes: Sequence[pb.PrefixHeat]
+    ) -> None:
         self.loads[origin] = list(engines)
+        self.heats[origin] = list(prefixes)
 
     def forget_load(self, origin: str) -> None:
         self.forgotten.append(origin)
@@ -231,6 +239,21 @@ def test_state_take_local_load_sent_when_due(after: float, changed: bool, sent: 
     state.take_local(T0 + after, WALL + after)
     latest = state.loads.get("a")
     assert latest is not None and (latest.version > first.version) == sent
+
+
+def test_state_prefix_heat_travels_with_the_load() -> None:
+    (a, a_delegate, _), (b, b_delegate, _) = _state("a"), _state("b")
+    a_delegate.load = [pb.EngineLoad(engine="e", requests=3)]
+    a.take_local(T0, WALL)
+    # The engines' load unchanged, a prefix hotter: that is news, reported when due.
+    a_delegate.heat = [pb.PrefixHeat(prefix=2**64 - 1, requests=3)]
+    later = T0 + LAN.load_interval
+    a.take_local(later, WALL + LAN.load_interval)
+    report = a.loads.get("a")
+    assert report is not None
+    b.merge_members([_member("a")], later)
+    b.merge_load(pb.LoadReport.FromString(report.SerializeToString()), later)
+    assert [(h.prefix, h.requests) for h in b_delegate.heats["a"]] == [(2**64 - 1, 3)]
 
 
 def test_state_take_local_deltas_published_and_offered_once() -> None:

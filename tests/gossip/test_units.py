@@ -10,7 +10,7 @@ import pytest
 from router.core.fields import ConfigError
 from router.core.index import BlockIndex, IndexLimits
 from router.core.load import Load, LoadBook
-from router.gateway.gossip_delegate import IndexDelegate, run_origin
+from router.gateway.gossip_delegate import HOT_PREFIXES, IndexDelegate, run_origin
 from router.gossip.auth import AuthError, ReplayGuard, Sealer
 from router.gossip.broadcast import TransmitQueue
 from router.gossip.config import LAN, LOCAL, GossipConfig, secret_from_env
@@ -404,10 +404,30 @@ def test_bridge_merge_delta_applies_to_index_once() -> None:
 def test_bridge_load_report_and_forget() -> None:
     book = LoadBook()
     bridge = IndexDelegate(_index(), book)
-    bridge.merge_load("peer", [pb.EngineLoad(engine="e", requests=2, tokens=30)])
+    hot = [pb.PrefixHeat(prefix=7, requests=4)]
+    bridge.merge_load("peer", [pb.EngineLoad(engine="e", requests=2, tokens=30)], hot)
     assert book.total("e") == Load(2, 30)
+    assert book.heat(7) == 4
     bridge.forget_load("peer")
     assert book.total("e") == Load(0, 0)
+    assert book.heat(7) == 0
+
+
+def test_bridge_heat_reported_hottest_first_and_taken_bounded() -> None:
+    book = LoadBook()
+    for prefix in range(HOT_PREFIXES + 10):
+        for _ in range(prefix % 5 + 1):
+            book.acquire("e", 0, prefix=prefix)
+    bridge = IndexDelegate(_index(), book)
+    sent = bridge.local_heat()
+    assert len(sent) == HOT_PREFIXES
+    assert min(h.requests for h in sent) >= max(
+        n for k, n in book.hottest(HOT_PREFIXES + 10).items() if k not in {h.prefix for h in sent}
+    )
+    # A peer sending more than its share is cut to the cap.
+    flood = [pb.PrefixHeat(prefix=k, requests=1) for k in range(1000, 1000 + 10 * HOT_PREFIXES)]
+    bridge.merge_load("peer", [], flood)
+    assert sum(book.heat(k) for k in range(1000, 1000 + 10 * HOT_PREFIXES)) == HOT_PREFIXES
 
 
 def test_bridge_local_load_from_book() -> None:

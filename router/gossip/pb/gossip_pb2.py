@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cgossip.proto\x12\x12kvrouter.gossip.v1\"&\n\x08\x45nvelope\x12\r\n\x05\x66rame\x18\x01 \x01(\x0c\x12\x0b\n\x03mac\x18\x02 \x01(\x0c\"\xa3\x06\n\x05\x46rame\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x14\n\x0csent_unix_ms\x18\x03 \x01(\x04\x12\r\n\x05nonce\x18\x04 \x01(\x06\x12\x10\n\x08reply_to\x18\x05 \x01(\x06\x12\x16\n\x0crecipient_id\x18\x06 \x01(\tH\x00\x12\x1b\n\x11recipient_address\x18\x07 \x01(\tH\x00\x12(\n\x04ping\x18\n \x01(\x0b\x32\x18.kvrouter.gossip.v1.PingH\x01\x12\x39\n\rindirect_ping\x18\x0b \x01(\x0b\x32 .kvrouter.gossip.v1.IndirectPingH\x01\x12.\n\x07rumours\x18\x0c \x01(\x0b\x32\x1b.kvrouter.gossip.v1.RumoursH\x01\x12.\n\x07updates\x18\r \x01(\x0b\x32\x1b.kvrouter.gossip.v1.UpdatesH\x01\x12\x31\n\tpush_pull\x18\x0e \x01(\x0b\x32\x1c.kvrouter.gossip.v1.PushPullH\x01\x12?\n\x10snapshot_request\x18\x0f \x01(\x0b\x32#.kvrouter.gossip.v1.SnapshotRequestH\x01\x12&\n\x03\x61\x63k\x18\x14 \x01(\x0b\x32\x17.kvrouter.gossip.v1.AckH\x01\x12\x37\n\x0cindirect_ack\x18\x15 \x01(\x0b\x32\x1f.kvrouter.gossip.v1.IndirectAckH\x01\x12\x39\n\rrumours_reply\x18\x16 \x01(\x0b\x32 .kvrouter.gossip.v1.RumoursReplyH\x01\x12<\n\x0fpush_pull_reply\x18\x17 \x01(\x0b\x32!.kvrouter.gossip.v1.PushPullReplyH\x01\x12;\n\x0esnapshot_chunk\x18\x18 \x01(\x0b\x32!.kvrouter.gossip.v1.SnapshotChunkH\x01\x12(\n\x04nack\x18\x19 \x01(\x0b\x32\x18.kvrouter.gossip.v1.NackH\x01\x42\x0b\n\trecipientB\x06\n\x04\x62ody\"j\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12.\n\x05state\x18\x04 \x01(\x0e\x32\x1f.kvrouter.gossip.v1.MemberState\"F\n\x04Ping\x12\x11\n\ttarget_id\x18\x01 \x01(\t\x12+\n\x07members\x18\x02 \x03(\x0b\x32\x1a.kvrouter.gossip.v1.Member\"2\n\x03\x41\x63k\x12+\n\x07members\x18\x01 \x03(\x0b\x32\x1a.kvrouter.gossip.v1.Member\"9\n\x0cIndirectPing\x12\x11\n\ttarget_id\x18\x01 \x01(\t\x12\x16\n\x0etarget_address\x18\x02 \x01(\t\"\x1e\n\x0bIndirectAck\x12\x0f\n\x07reached\x18\x01 \x01(\x08\"~\n\x05\x44\x65lta\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x17\n\x0f\x63reated_unix_ms\x18\x03 \x01(\x04\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x05 \x03(\x06\x12\x0f\n\x07removed\x18\x06 \x03(\x06\x12\x0f\n\x07\x63leared\x18\x07 \x01(\x08\"(\n\x08\x44\x65ltaIds\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x0c\n\x04seqs\x18\x02 \x03(\x04\">\n\nEngineLoad\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x01(\x04\x12\x0e\n\x06tokens\x18\x03 \x01(\x04\"w\n\nLoadReport\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x17\n\x0f\x63reated_unix_ms\x18\x03 \x01(\x04\x12/\n\x07\x65ngines\x18\x04 \x03(\x0b\x32\x1e.kvrouter.gossip.v1.EngineLoad\"\x93\x01\n\x07Rumours\x12+\n\x07members\x18\x01 \x03(\x0b\x32\x1a.kvrouter.gossip.v1.Member\x12-\n\x05loads\x18\x02 \x03(\x0b\x32\x1e.kvrouter.gossip.v1.LoadReport\x12,\n\x06offers\x18\x03 \x03(\x0b\x32\x1c.kvrouter.gossip.v1.DeltaIds\"g\n\x0cRumoursReply\x12*\n\x04want\x18\x01 \x03(\x0b\x32\x1c.kvrouter.gossip.v1.DeltaIds\x12+\n\x07members\x18\x02 \x03(\x0b\x32\x1a.kvrouter.gossip.v1.Member\"c\n\x07Updates\x12)\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32\x19.kvrouter.gossip.v1.Delta\x12-\n\x05loads\x18\x02 \x03(\x0b\x32\x1e.kvrouter.gossip.v1.LoadReport\"(\n\tOriginSeq\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"e\n\x06\x44igest\x12-\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32\x1d.kvrouter.gossip.v1.OriginSeq\x12,\n\x05loads\x18\x02 \x03(\x0b\x32\x1d.kvrouter.gossip.v1.OriginSeq\"c\n\x08PushPull\x12+\n\x07members\x18\x01 \x03(\x0b\x32\x1a.kvrouter.gossip.v1.Member\x12*\n\x06\x64igest\x18\x02 \x01(\x0b\x32\x1a.kvrouter.gossip.v1.Digest\"\xdc\x01\n\rPushPullReply\x12+\n\x07members\x18\x01 \x03(\x0b\x32\x1a.kvrouter.gossip.v1.Member\x12*\n\x06\x64igest\x18\x02 \x01(\x0b\x32\x1a.kvrouter.gossip.v1.Digest\x12)\n\x06\x64\x65ltas\x18\x03 \x03(\x0b\x32\x19.kvrouter.gossip.v1.Delta\x12-\n\x05loads\x18\x04 \x03(\x0b\x32\x1e.kvrouter.gossip.v1.LoadReport\x12\x18\n\x10snapshot_advised\x18\x05 \x01(\x08\"5\n\x0fSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\x06\x12\r\n\x05\x63hunk\x18\x02 \x01(\r\",\n\x0c\x45ngineBlocks\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x03(\x06\"\xd1\x01\n\rSnapshotChunk\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\x06\x12\r\n\x05\x63hunk\x18\x02 \x01(\r\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\r\x12*\n\x06\x63overs\x18\x04 \x01(\x0b\x32\x1a.kvrouter.gossip.v1.Digest\x12-\n\x05loads\x18\x05 \x03(\x0b\x32\x1e.kvrouter.gossip.v1.LoadReport\x12\x31\n\x07\x65ngines\x18\x06 \x03(\x0b\x32 .kvrouter.gossip.v1.EngineBlocks\"\x16\n\x04Nack\x12\x0e\n\x06reason\x18\x01 \x01(\t*t\n\x0bMemberState\x12\x1c\n\x18MEMBER_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12MEMBER_STATE_ALIVE\x10\x01\x12\x18\n\x14MEMBER_STATE_SUSPECT\x10\x02\x12\x15\n\x11MEMBER_STATE_DEAD\x10\x03\x32P\n\x06Gossip\x12\x46\n\x08\x45xchange\x12\x1c.kvrouter.gossip.v1.Envelope\x1a\x1c.kvrouter.gossip.v1.Envelopeb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cgossip.proto\x12\x12kvrouter.gossip.v1\"&\n\x08\x45nvelope\x12\r\n\x05\x66rame\x18\x01 \x01(\x0c\x12\x0b\n\x03mac\x18\x02 \x01(\x0c\"\xa3\x06\n\x05\x46rame\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x14\n\x0csent_unix_ms\x18\x03 \x01(\x04\x12\r\n\x05nonce\x18\x04 \x01(\x06\x12\x10\n\x08reply_to\x18\x05 \x01(\x06\x12\x16\n\x0crecipient_id\x18\x06 \x01(\tH\x00\x12\x1b\n\x11recipient_address\x18\x07 \x01(\tH\x00\x12(\n\x04ping\x18\n \x01(\x0b\x32\x18.kvrouter.gossip.v1.PingH\x01\x12\x39\n\rindirect_ping\x18\x0b \x01(\x0b\x32 .kvrouter.gossip.v1.IndirectPingH\x01\x12.\n\x07rumours\x18\x0c \x01(\x0b\x32\x1b.kvrouter.gossip.v1.RumoursH\x01\x12.\n\x07updates\x18\r \x01(\x0b\x32\x1b.kvrouter.gossip.v1.UpdatesH\x01\x12\x31\n\tpush_pull\x18\x0e \x01(\x0b\x32\x1c.kvrouter.gossip.v1.PushPullH\x01\x12?\n\x10snapshot_request\x18\x0f \x01(\x0b\x32#.kvrouter.gossip.v1.SnapshotRequestH\x01\x12&\n\x03\x61\x63k\x18\x14 \x01(\x0b\x32\x17.kvrouter.gossip.v1.AckH\x01\x12\x37\n\x0cindirect_ack\x18\x15 \x01(\x0b\x32\x1f.kvrouter.gossip.v1.IndirectAckH\x01\x12\x39\n\rrumours_reply\x18\x16 \x01(\x0b\x32 .kvrouter.gossip.v1.RumoursReplyH\x01\x12<\n\x0fpush_pull_reply\x18\x17 \x01(\x0b\x32!.kvrouter.gossip.v1.PushPullReplyH\x01\x12;\n\x0esnapshot_chunk\x18\x18 \x01(\x0b\x32!.kvrouter.gossip.v1.SnapshotChunkH\x01\x12(\n\x04nack\x18\x19 \x01(\x0b\x32\x18.kvrouter.gossip.v1.NackH\x01\x42\x0b\n\trecipientB\x06\n\x04\x62ody\"j\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12.\n\x05state\x18\x04 \x01(\x0e\x32\x1f.kvrouter.gossip.v1.MemberState\"F\n\x04Ping\x12\x11\n\ttarget_id\x18\x01 \x01(\t\x12+\n\x07members\x18\x02 \x03(\x0b\x32\x1a.kvrouter.gossip.v1.Member\"2\n\x03\x41\x63k\x12+\n\x07members\x18\x01 \x03(\x0b\x32\x1a.kvrouter.gossip.v1.Member\"9\n\x0cIndirectPing\x12\x11\n\ttarget_id\x18\x01 \x01(\t\x12\x16\n\x0etarget_address\x18\x02 \x01(\t\"\x1e\n\x0bIndirectAck\x12\x0f\n\x07reached\x18\x01 \x01(\x08\"~\n\x05\x44\x65lta\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x17\n\x0f\x63reated_unix_ms\x18\x03 \x01(\x04\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x05 \x03(\x06\x12\x0f\n\x07removed\x18\x06 \x03(\x06\x12\x0f\n\x07\x63leared\x18\x07 \x01(\x08\"(\n\x08\x44\x65ltaIds\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x0c\n\x04seqs\x18\x02 \x03(\x04\">\n\nEngineLoad\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x01(\x04\x12\x0e\n\x06tokens\x18\x03 \x01(\x04\".\n\nPrefixHeat\x12\x0e\n\x06prefix\x18\x01 \x01(\x06\x12\x10\n\x08requests\x18\x02 \x01(\r\"\xa9\x01\n\nLoadReport\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x17\n\x0f\x63reated_unix_ms\x18\x03 \x01(\x04\x12/\n\x07\x65ngines\x18\x04 \x03(\x0b\x32\x1e.kvrouter.gossip.v1.EngineLoad\x12\x30\n\x08prefixes\x18\x05 \x03(\x0b\x32\x1e.kvrouter.gossip.v1.PrefixHeat\"\x93\x01\n\x07Rumours\x12+\n\x07members\x18\x01 \x03(\x0b\x32\x1a.kvrouter.gossip.v1.Member\x12-\n\x05loads\x18\x02 \x03(\x0b\x32\x1e.kvrouter.gossip.v1.LoadReport\x12,\n\x06offers\x18\x03 \x03(\x0b\x32\x1c.kvrouter.gossip.v1.DeltaIds\"g\n\x0cRumoursReply\x12*\n\x04want\x18\x01 \x03(\x0b\x32\x1c.kvrouter.gossip.v1.DeltaIds\x12+\n\x07members\x18\x02 \x03(\x0b\x32\x1a.kvrouter.gossip.v1.Member\"c\n\x07Updates\x12)\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32\x19.kvrouter.gossip.v1.Delta\x12-\n\x05loads\x18\x02 \x03(\x0b\x32\x1e.kvrouter.gossip.v1.LoadReport\"(\n\tOriginSeq\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"e\n\x06\x44igest\x12-\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32\x1d.kvrouter.gossip.v1.OriginSeq\x12,\n\x05loads\x18\x02 \x03(\x0b\x32\x1d.kvrouter.gossip.v1.OriginSeq\"c\n\x08PushPull\x12+\n\x07members\x18\x01 \x03(\x0b\x32\x1a.kvrouter.gossip.v1.Member\x12*\n\x06\x64igest\x18\x02 \x01(\x0b\x32\x1a.kvrouter.gossip.v1.Digest\"\xdc\x01\n\rPushPullReply\x12+\n\x07members\x18\x01 \x03(\x0b\x32\x1a.kvrouter.gossip.v1.Member\x12*\n\x06\x64igest\x18\x02 \x01(\x0b\x32\x1a.kvrouter.gossip.v1.Digest\x12)\n\x06\x64\x65ltas\x18\x03 \x03(\x0b\x32\x19.kvrouter.gossip.v1.Delta\x12-\n\x05loads\x18\x04 \x03(\x0b\x32\x1e.kvrouter.gossip.v1.LoadReport\x12\x18\n\x10snapshot_advised\x18\x05 \x01(\x08\"5\n\x0fSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\x06\x12\r\n\x05\x63hunk\x18\x02 \x01(\r\",\n\x0c\x45ngineBlocks\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x03(\x06\"\xd1\x01\n\rSnapshotChunk\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\x06\x12\r\n\x05\x63hunk\x18\x02 \x01(\r\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\r\x12*\n\x06\x63overs\x18\x04 \x01(\x0b\x32\x1a.kvrouter.gossip.v1.Digest\x12-\n\x05loads\x18\x05 \x03(\x0b\x32\x1e.kvrouter.gossip.v1.LoadReport\x12\x31\n\x07\x65ngines\x18\x06 \x03(\x0b\x32 .kvrouter.gossip.v1.EngineBlocks\"\x16\n\x04Nack\x12\x0e\n\x06reason\x18\x01 \x01(\t*t\n\x0bMemberState\x12\x1c\n\x18MEMBER_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12MEMBER_STATE_ALIVE\x10\x01\x12\x18\n\x14MEMBER_STATE_SUSPECT\x10\x02\x12\x15\n\x11MEMBER_STATE_DEAD\x10\x03\x32P\n\x06Gossip\x12\x46\n\x08\x45xchange\x12\x1c.kvrouter.gossip.v1.Envelope\x1a\x1c.kvrouter.gossip.v1.Envelopeb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gossip_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MEMBERSTATE']._serialized_start=2722
-  _globals['_MEMBERSTATE']._serialized_end=2838
+  _globals['_MEMBERSTATE']._serialized_start=2821
+  _globals['_MEMBERSTATE']._serialized_end=2937
   _globals['_ENVELOPE']._serialized_start=36
   _globals['_ENVELOPE']._serialized_end=74
   _globals['_FRAME']._serialized_start=77
@@ -53,30 +53,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELTAIDS']._serialized_end=1373
   _globals['_ENGINELOAD']._serialized_start=1375
   _globals['_ENGINELOAD']._serialized_end=1437
-  _globals['_LOADREPORT']._serialized_start=1439
-  _globals['_LOADREPORT']._serialized_end=1558
-  _globals['_RUMOURS']._serialized_start=1561
-  _globals['_RUMOURS']._serialized_end=1708
-  _globals['_RUMOURSREPLY']._serialized_start=1710
-  _globals['_RUMOURSREPLY']._serialized_end=1813
-  _globals['_UPDATES']._serialized_start=1815
-  _globals['_UPDATES']._serialized_end=1914
-  _globals['_ORIGINSEQ']._serialized_start=1916
-  _globals['_ORIGINSEQ']._serialized_end=1956
-  _globals['_DIGEST']._serialized_start=1958
-  _globals['_DIGEST']._serialized_end=2059
-  _globals['_PUSHPULL']._serialized_start=2061
-  _globals['_PUSHPULL']._serialized_end=2160
-  _globals['_PUSHPULLREPLY']._serialized_start=2163
-  _globals['_PUSHPULLREPLY']._serialized_end=2383
-  _globals['_SNAPSHOTREQUEST']._serialized_start=2385
-  _globals['_SNAPSHOTREQUEST']._serialized_end=2438
-  _globals['_ENGINEBLOCKS']._serialized_start=2440
-  _globals['_ENGINEBLOCKS']._serialized_end=2484
-  _globals['_SNAPSHOTCHUNK']._serialized_start=2487
-  _globals['_SNAPSHOTCHUNK']._serialized_end=2696
-  _globals['_NACK']._serialized_start=2698
-  _globals['_NACK']._serialized_end=2720
-  _globals['_GOSSIP']._serialized_start=2840
-  _globals['_GOSSIP']._serialized_end=2920
+  _globals['_PREFIXHEAT']._serialized_start=1439
+  _globals['_PREFIXHEAT']._serialized_end=1485
+  _globals['_LOADREPORT']._serialized_start=1488
+  _globals['_LOADREPORT']._serialized_end=1657
+  _globals['_RUMOURS']._serialized_start=1660
+  _globals['_RUMOURS']._serialized_end=1807
+  _globals['_RUMOURSREPLY']._serialized_start=1809
+  _globals['_RUMOURSREPLY']._serialized_end=1912
+  _globals['_UPDATES']._serialized_start=1914
+  _globals['_UPDATES']._serialized_end=2013
+  _globals['_ORIGINSEQ']._serialized_start=2015
+  _globals['_ORIGINSEQ']._serialized_end=2055
+  _globals['_DIGEST']._serialized_start=2057
+  _globals['_DIGEST']._serialized_end=2158
+  _globals['_PUSHPULL']._serialized_start=2160
+  _globals['_PUSHPULL']._serialized_end=2259
+  _globals['_PUSHPULLREPLY']._serialized_start=2262
+  _globals['_PUSHPULLREPLY']._serialized_end=2482
+  _globals['_SNAPSHOTREQUEST']._serialized_start=2484
+  _globals['_SNAPSHOTREQUEST']._serialized_end=2537
+  _globals['_ENGINEBLOCKS']._serialized_start=2539
+  _globals['_ENGINEBLOCKS']._serialized_end=2583
+  _globals['_SNAPSHOTCHUNK']._serialized_start=2586
+  _globals['_SNAPSHOTCHUNK']._serialized_end=2795
+  _globals['_NACK']._serialized_start=2797
+  _globals['_NACK']._serialized_end=2819
+  _globals['_GOSSIP']._serialized_start=2939
+  _globals['_GOSSIP']._serialized_end=3019
 # @@protoc_insertion_point(module_scope)

@@ -144,17 +144,27 @@ class EngineLoad(_message.Message):
     tokens: int
     def __init__(self, engine: _Optional[str] = ..., requests: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
 
+class PrefixHeat(_message.Message):
+    __slots__ = ("prefix", "requests")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    prefix: int
+    requests: int
+    def __init__(self, prefix: _Optional[int] = ..., requests: _Optional[int] = ...) -> None: ...
+
 class LoadReport(_message.Message):
-    __slots__ = ("origin", "version", "created_unix_ms", "engines")
+    __slots__ = ("origin", "version", "created_unix_ms", "engines", "prefixes")
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_FIELD_NUMBER: _ClassVar[int]
     origin: str
     version: int
     created_unix_ms: int
     engines: _containers.RepeatedCompositeFieldContainer[EngineLoad]
-    def __init__(self, origin: _Optional[str] = ..., version: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineLoad, _Mapping]]] = ...) -> None: ...
+    prefixes: _containers.RepeatedCompositeFieldContainer[PrefixHeat]
+    def __init__(self, origin: _Optional[str] = ..., version: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineLoad, _Mapping]]] = ..., prefixes: _Optional[_Iterable[_Union[PrefixHeat, _Mapping]]] = ...) -> None: ...
 
 class Rumours(_message.Message):
     __slots__ = ("members", "loads", "offers")
