@@ -55,6 +55,10 @@ each engine's share of requests and of busy time (max / mean), the router's CPU 
 and failures. Busy time is the simulator's imbalance measure, from the engines' counters:
 uncached prompt tokens / prefill rate + output tokens / decode rate.
 
+``--replicas N`` runs each kvrouter (the baseline too) as N replicas gossiping on loopback
+(``--gossip-preset local``), the client sending request i to replica i mod N, as a Service
+spreads them; the router CPU column then sums the replicas'.
+
 ``--quality --hotspot`` replays the simulator's hotspot workload instead of a trace
 (``router.core.workload.hotspot``, the records ``kvrouter simulate --hotspot`` runs: chat
 requests to the chat endpoint, with their arrival times and output lengths): the simulator's
@@ -78,7 +82,7 @@ simulator, while the client and the routers relay 8x fewer chunks.
         [--engines-quality 4] [--kv-capacity-tokens 1000000] [--prefill-tokens-per-s 80000]
         [--decode-tokens-per-s 100] [--max-batch 16] [--max-output-tokens 64]
         [--hotspot [--hotspot-requests N] [--hotspot-rate R] [--output-scale 8]]
-        [--routers ROUTER ...]
+        [--routers ROUTER ...] [--replicas 1]
 
 (Engine and replay defaults shown are the trace's; ``--hotspot`` has its own, above.)
 """
@@ -117,6 +121,8 @@ from bench.common import (
     read_stream,
     tree_cpu_seconds,
 )
+from bench.replicas_hit_ratio import SECRET as GOSSIP_SECRET
+from bench.replicas_hit_ratio import alive_peers
 from router.core.engine_model import EngineSpec
 from router.core.stats import percentile
 from router.core.workload import HotspotSpec, SyntheticSpec, TraceRequest, from_mooncake, hotspot
@@ -216,9 +222,10 @@ def start_router(
     policy_file: Path | None,
     checkout: Path | None = None,
     config: Path | None = None,
+    extra: Sequence[str] = (),
 ) -> Proc:
     """Router ``name`` (one of ``ROUTERS``, or ``BASELINE`` from ``checkout``) before
-    ``engines``."""
+    ``engines``; ``extra``: more ``kvrouter serve`` flags."""
     urls = [e.url for e in engines]
     if name in SGLANG_POLICIES:
         return start_peer(SGLANG, urls, SGLANG_POLICIES[name], tmp)
@@ -230,8 +237,10 @@ def start_router(
     args = ["serve", "--host", LOOPBACK, *backends, "--policy", policy, "--log-level", "warning"]
     if config is not None:
         args += ["--config", str(config)]
+    args += extra
+    env = {"KVROUTER_GOSSIP_SECRET": GOSSIP_SECRET}  # for --replicas; never leaves loopback
     if name != BASELINE:
-        return start_kvrouter(args, tmp, ready_path="/ready", timeout=STARTUP_TIMEOUT_S)
+        return start_kvrouter(args, tmp, ready_path="/ready", timeout=STARTUP_TIMEOUT_S, env=env)
     assert checkout is not None, "the baseline runs from a checkout"
     return start_kvrouter(
         args,
@@ -239,8 +248,41 @@ def start_router(
         ready_path="/ready",
         timeout=STARTUP_TIMEOUT_S,
         cwd=checkout,
-        env={"PYTHONPATH": str(checkout)},
+        env={**env, "PYTHONPATH": str(checkout)},
     )
+
+
+def start_routers(
+    name: str,
+    engines: Sequence[Proc],
+    tmp: Path,
+    policy_file: Path | None,
+    replicas: int,
+    checkout: Path | None = None,
+    config: Path | None = None,
+) -> list[Proc]:
+    """Router ``name``; a kvrouter as ``replicas`` replicas gossiping on loopback, each
+    joining through the first (the first through the second), once all see each other."""
+    if replicas == 1 or name in SGLANG_POLICIES or name in SMG_POLICIES:
+        return [start_router(name, engines, tmp, policy_file, checkout, config)]
+    ports = [free_port() for _ in range(replicas)]
+    procs: list[Proc] = []
+    try:
+        for i, port in enumerate(ports):
+            seed = ports[1] if i == 0 else ports[0]
+            flags = ["--gossip-port", str(port), "--gossip-peer", f"{LOOPBACK}:{seed}"]
+            flags += ["--gossip-preset", "local"]
+            procs.append(start_router(name, engines, tmp, policy_file, checkout, config, flags))
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not all(alive_peers(p) == replicas - 1 for p in procs):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name}: {replicas} replicas never all saw each other")
+            time.sleep(0.1)
+    except BaseException:
+        for p in procs:
+            p.stop(signal.SIGKILL)
+        raise
+    return procs
 
 
 def start_engines(n: int, flags: Sequence[str], tmp: Path, procs: list[Proc]) -> list[Proc]:
@@ -635,9 +677,10 @@ async def _send(
 
 
 async def replay(
-    url: str, trace: Sequence[TraceRequest], speedup: float, max_output: int
+    urls: Sequence[str], trace: Sequence[TraceRequest], speedup: float, max_output: int
 ) -> Replay:
-    """Send every request at its trace time / ``speedup`` (open loop) and wait for all."""
+    """Send every request at its trace time / ``speedup`` (open loop) and wait for all;
+    request i to ``urls[i % len(urls)]``, as a Service spreads them over replicas."""
     out = Replay()
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
@@ -645,13 +688,14 @@ async def replay(
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         tasks = []
         start = time.perf_counter()
-        for req in trace:
+        for i, req in enumerate(trace):
             due = start + (req.timestamp - t_first) / speedup
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             # How late the client is sending: the offered load is only the trace's while small.
             out.lags.append(max(0.0, time.perf_counter() - due))
+            url = urls[i % len(urls)]
             tasks.append(asyncio.create_task(_send(http, url, req, max_output, out)))
         await asyncio.gather(*tasks)
         out.seconds = time.perf_counter() - start
@@ -747,17 +791,22 @@ def run_quality(args: argparse.Namespace, tmp: Path) -> str:
         engines = start_engines(args.engines_quality, engine_flags, tmp, procs)
         for name in args.routers:
             asyncio.run(reset_engines(engines))
-            own_policy = policy_file if name == "kvrouter kv-aware" else None
-            router = start_router(name, engines, tmp, own_policy, config=config)
-            procs.append(router)
+            own_policy = policy_file if name in ("kvrouter kv-aware", BASELINE) else None
+            routers = start_routers(
+                name, engines, tmp, own_policy, args.replicas, args.baseline, config
+            )
+            procs.extend(routers)
             print(f"quality: {name}, {len(trace)} requests over {span:.0f} s", flush=True)
-            cpu0 = tree_cpu_seconds(router.popen.pid)
-            rep = asyncio.run(replay(router.url, trace, args.speedup, args.max_output_tokens))
-            cpu = tree_cpu_seconds(router.popen.pid) - cpu0
+            cpu0 = sum(tree_cpu_seconds(r.popen.pid) for r in routers)
+            urls = [r.url for r in routers]
+            rep = asyncio.run(replay(urls, trace, args.speedup, args.max_output_tokens))
+            cpu = sum(tree_cpu_seconds(r.popen.pid) for r in routers) - cpu0
             stats = asyncio.run(engine_stats(engines))
-            router.stop()
-            procs.remove(router)
-            rows.append(QualityRow(name, rep, stats, cpu))
+            for r in routers:
+                r.stop()
+                procs.remove(r)
+            label = f"{name} x{len(routers)}" if len(routers) > 1 else name
+            rows.append(QualityRow(label, rep, stats, cpu))
     return quality_report(args, trace, policy_capacity, rows)
 
 
@@ -897,9 +946,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="hotspot: outputs and decode rate divided by this (8)",
     )
     q.add_argument(
-        "--routers", nargs="+", choices=ROUTERS, default=list(QUALITY_DEFAULT), metavar="ROUTER"
+        "--routers",
+        nargs="+",
+        choices=(*ROUTERS, BASELINE),
+        default=list(QUALITY_DEFAULT),
+        metavar="ROUTER",
+        help=f"routers measured ({BASELINE!r} needs --baseline)",
+    )
+    q.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="each kvrouter as this many replicas gossiping on loopback, the client's "
+        "requests spread over them in turn (1)",
     )
     args = p.parse_args(argv)
+    if BASELINE in args.routers and args.baseline is None:
+        p.error(f"{BASELINE!r} needs --baseline DIR")
     if not args.overhead and not args.quality:
         args.overhead = args.quality = True
     return args
