@@ -951,7 +951,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=(*ROUTERS, BASELINE),
         default=list(QUALITY_DEFAULT),
         metavar="ROUTER",
-        help=f"routers measured ({BASELINE!r} needs --baseline)",
+        help=f"routers measured ({BASELINE!r}: --baseline's code, given the same policy file "
+        "as kvrouter kv-aware)",
     )
     q.add_argument(
         "--replicas",
