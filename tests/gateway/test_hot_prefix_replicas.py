@@ -36,14 +36,19 @@ def ask(question: str, max_tokens: int) -> dict[str, Any]:
     return {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "stream": True}
 
 
-def held(router: Proc) -> bool:
-    got = http_json(f"{router.url}/debug/route", ask("and b?", 4), ADMIN)
-    return any(c["overlap_blocks"] > 0 for c in got["candidates"])
+def route(router: Proc) -> dict[str, Any]:
+    """What ``router`` would do with a question about the document, and why."""
+    got: dict[str, Any] = http_json(f"{router.url}/debug/route", ask("and b?", 4), ADMIN)
+    return got
 
 
 def spread_blocks(router: Proc) -> int:
-    got: dict[str, Any] = http_json(f"{router.url}/debug/route", ask("and b?", 4), ADMIN)
-    return int(got["spread_blocks"])
+    return int(route(router)["spread_blocks"])
+
+
+def held_not_spread(router: Proc) -> bool:
+    got = route(router)
+    return got["spread_blocks"] == 0 and any(c["overlap_blocks"] > 0 for c in got["candidates"])
 
 
 async def answer(http: aiohttp.ClientSession, router: Proc, body: dict[str, Any]) -> int:
@@ -71,7 +76,7 @@ async def test_replica_spreads_a_prefix_made_hot_by_its_peer(tmp_path: Path) -> 
         timeout = aiohttp.ClientTimeout(total=60)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             assert await answer(http, a, ask("what is it?", 2)) == 200
-            wait_until(lambda: spread_blocks(b) == 0 and held(b), "b learns who holds it")
+            wait_until(lambda: held_not_spread(b), "b learns who holds it")
             burst = [
                 asyncio.create_task(answer(http, a, ask(f"question {i}?", 100)))
                 for i in range(BURST)
