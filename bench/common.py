@@ -17,8 +17,8 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from router.gateway.relay import usage_counts
-from router.gateway.sse import Decoder
+from router.gateway.openai.sse import Decoder
+from router.gateway.upstream.headers import usage_counts
 
 CHAT = "/v1/chat/completions"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -30,10 +30,10 @@ import orjson
 
 from router.core.stats import percentile
 from router.core.workload import from_mooncake
-from router.gateway.inbound import Inbound, parse
-from router.gateway.local_tokenizer import LocalTokenizer
-from router.gateway.tokenize import Tokenizer
-from router.gateway.upstream import HttpUpstream
+from router.gateway.openai.request import Inbound, parse
+from router.gateway.precise.tokenize import Tokenizer
+from router.gateway.upstream.client import HttpUpstream
+from router.local_tokenizer import LocalTokenizer
 from tests.support import running, start_kvrouter
 from tests.tokenizer_files import write_tokenizer
 

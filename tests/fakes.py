@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
 
-from router.gateway import sse
-from router.gateway.errors import UpstreamConnectError, UpstreamDropped, UpstreamTimeout
-from router.gateway.upstream import UpstreamRequest, UpstreamResponse
+from router.gateway.openai import sse
+from router.gateway.openai.errors import UpstreamConnectError, UpstreamDropped, UpstreamTimeout
+from router.gateway.upstream.client import UpstreamRequest, UpstreamResponse
 
 JSON = {"Content-Type": "application/json"}
 SSE = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}

@@ -15,7 +15,7 @@ from typing import Any
 
 from router.core.index import BlockIndex, Delta, IndexLimits
 from router.core.load import LoadBook
-from router.gateway.gossip_delegate import IndexDelegate, run_origin
+from router.gateway.replicas.delegate import IndexDelegate, run_origin
 from router.gossip.clock import Clock, ManualClock
 from router.gossip.config import LOCAL, GossipConfig, Tuning
 from router.gossip.node import GossipNode

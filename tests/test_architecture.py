@@ -4,6 +4,8 @@
 - The core is pure: it imports only the standard library, its declared pure dependencies and
   other core modules.
 - The gossip library knows nothing of the index, the decision or the gateway.
+- The gateway's sub-packages keep their layers (router/gateway/__init__.py draws them), counting
+  every import, function-local ones included.
 - A function-local import says why in a comment (on its line or the line above).
 - No hand-written module is much over 500 lines (540 at most).
 """
@@ -159,3 +161,69 @@ def test_function_local_imports_say_why(name: str) -> None:
 def test_modules_stay_small(name: str) -> None:
     n = len(MODULES[name].read_text().splitlines())
     assert n <= MAX_LINES, f"{MODULES[name].relative_to(ROOT)} has {n} lines: split it by idea"
+
+
+def every_import(name: str) -> set[str]:
+    """Router modules ``name`` imports anywhere: at the top, in functions, under TYPE_CHECKING."""
+    path = MODULES[name]
+    base = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                pkg = base.rsplit(".", node.level - 1)[0] if node.level > 1 else base
+                mod = f"{pkg}.{node.module}" if node.module else pkg
+            else:
+                mod = node.module or ""
+            found.add(mod)
+            found |= {f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in MODULES}
+    return {m for m in found if m in MODULES and m != name}
+
+
+def _within(mod: str, package: str) -> bool:
+    return mod == package or mod.startswith(package + ".")
+
+
+GATEWAY = "router.gateway"
+# (importer, what it may import of the gateway, or None for "anything but the listed").
+LAYERS: list[tuple[str, set[str]]] = [
+    # The protocol, no I/O: nothing else of the gateway.
+    (f"{GATEWAY}.openai", {f"{GATEWAY}.openai"}),
+    # The engines' side: the protocol, nothing of the client's side or the app.
+    (f"{GATEWAY}.upstream", {f"{GATEWAY}.openai", f"{GATEWAY}.upstream"}),
+    # engine-sim speaks the protocol and shares nothing else with the gateway.
+    ("router.enginesim", {f"{GATEWAY}.openai"}),
+]
+FORBIDDEN: list[tuple[str, set[str]]] = [
+    # Which engines exist and how they are never depends on a request's life.
+    (f"{GATEWAY}.fleet", {f"{GATEWAY}.inbound", f"{GATEWAY}.exchange", f"{GATEWAY}.app"}),
+    (f"{GATEWAY}.openai", {f"{GATEWAY}.app", f"{GATEWAY}.exchange"}),
+]
+
+
+@pytest.mark.parametrize(("importer", "allowed"), LAYERS, ids=[x for x, _ in LAYERS])
+def test_package_imports_only_its_layers(importer: str, allowed: set[str]) -> None:
+    for name in MODULES:
+        if not _within(name, importer):
+            continue
+        gateway_deps = {d for d in every_import(name) if _within(d, GATEWAY) and d != GATEWAY}
+        wrong = {d for d in gateway_deps if not any(_within(d, a) for a in allowed)}
+        assert not wrong, f"{name} imports {sorted(wrong)}: outside its layer"
+
+
+@pytest.mark.parametrize(("importer", "banned"), FORBIDDEN, ids=[x for x, _ in FORBIDDEN])
+def test_package_never_imports(importer: str, banned: set[str]) -> None:
+    for name in MODULES:
+        if _within(name, importer):
+            wrong = {d for d in every_import(name) if any(_within(d, b) for b in banned)}
+            assert not wrong, f"{name} imports {sorted(wrong)}"
+
+
+def test_only_the_runtime_imports_the_app() -> None:
+    runtime = f"{GATEWAY}.runtime"
+    for name in MODULES:
+        if _within(name, runtime) or name == f"{GATEWAY}.app":
+            continue
+        assert f"{GATEWAY}.app" not in every_import(name), f"{name} imports the app"

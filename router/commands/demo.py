@@ -32,7 +32,7 @@ import orjson
 
 from router.core.stats import percentile
 from router.core.workload import SyntheticSpec, TraceRequest, synthetic
-from router.gateway.sse import Decoder
+from router.gateway.openai.sse import Decoder
 from router.presets import preset_text
 
 LOOPBACK = "127.0.0.1"

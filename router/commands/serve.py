@@ -1,18 +1,18 @@
 """``kvrouter serve``: the gateway in front of OpenAI-compatible engines.
 
-Configuration comes from an optional YAML file (``--config``, see ``router.gateway.config``) and
-flags; a flag replaces the file's value. It listens on 0.0.0.0:8000 by default (what a server in a
-pod needs; pass ``--host 127.0.0.1`` to keep it on this machine). SIGTERM and SIGINT stop it
-gracefully (``/ready`` turns 503, in-flight requests get ``drain.grace_seconds`` to finish);
-SIGHUP reloads the policy file at once.
+Configuration comes from an optional YAML file (``--config``, see
+``router.gateway.config.settings``) and flags; a flag replaces the file's value. It listens on
+0.0.0.0:8000 by default (what a server in a pod needs; pass ``--host 127.0.0.1`` to keep it on this
+machine). SIGTERM and SIGINT stop it gracefully (``/ready`` turns 503, in-flight requests get
+``drain.grace_seconds`` to finish); SIGHUP reloads the policy file at once.
 
-Several replicas behind one Service route as one with gossip (``router.gateway.replicas``):
+Several replicas behind one Service route as one with gossip (``router.gateway.replicas.replica``):
 ``--gossip-port`` (or ``gossip.enabled`` in the file) turns it on; peers come from
 ``--gossip-peer`` seeds and a re-resolved ``--gossip-dns`` name; the shared secret comes from
 the environment (KVROUTER_GOSSIP_SECRET), or mutual TLS from the file's ``gossip.tls``.
 
 ``--workers N`` (N > 1) runs N such gateways as processes sharing the listening port
-(SO_REUSEPORT) and gossiping with each other on loopback (``router.gateway.workers``).
+(SO_REUSEPORT) and gossiping with each other on loopback (``router.gateway.runtime.workers``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import argparse
 import sys
 
 from router.core.fields import ConfigError
-from router.gateway.config import (
+from router.gateway.config.settings import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     GOSSIP_PRESETS,
@@ -31,7 +31,7 @@ from router.gateway.config import (
     with_kv_events,
     with_overrides,
 )
-from router.gateway.runtime import gossip_from, run_gateway, setup_logging
+from router.gateway.runtime.serve import gossip_from, run_gateway, setup_logging
 from router.presets import DEFAULT, NAMES
 
 
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         if args.workers != 1:
             # Imported only for --workers: it brings the gossip library (grpc) with it.
-            from router.gateway.workers import supervise
+            from router.gateway.runtime.workers import supervise
 
             return supervise(cfg, args.workers, args.log_level)
         gossip = gossip_from(cfg)

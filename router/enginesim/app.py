@@ -67,8 +67,8 @@ from router.enginesim.requests import (
 )
 from router.enginesim.responses import Reply, embeddings_body, models_body
 from router.enginesim.tokens import prompt_text, token_ids
-from router.gateway import sse
-from router.gateway.errors import (
+from router.gateway.openai import sse
+from router.gateway.openai.errors import (
     BadRequest,
     GatewayError,
     NotFound,
@@ -76,7 +76,7 @@ from router.gateway.errors import (
     stream_error,
     vllm_dialect,
 )
-from router.gateway.inbound import json_object, parse
+from router.gateway.openai.request import json_object, parse
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from router.core.engine_model import EngineSpec
 from router.enginesim.app import LOOPBACK, serving
 from router.enginesim.engine import DEFAULT_MODEL, SimSettings
 from router.enginesim.kv_publisher import ENCODINGS, HASH_KINDS, EventSettings
-from router.gateway.eventloop import loop_factory
-from router.gateway.local_tokenizer import LocalTokenizer
+from router.eventloop import loop_factory
+from router.local_tokenizer import LocalTokenizer
 
 
 def settings_from_args(args: argparse.Namespace) -> SimSettings:

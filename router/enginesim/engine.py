@@ -21,7 +21,7 @@ from router.core.engine_model import EngineClock, EngineSpec, PrefixCache, Sched
 
 if TYPE_CHECKING:
     from router.enginesim.kv_publisher import EventSettings
-    from router.gateway.local_tokenizer import LocalTokenizer
+    from router.local_tokenizer import LocalTokenizer
 
 DEFAULT_MODEL = "sim-model"
 

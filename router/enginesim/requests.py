@@ -1,8 +1,8 @@
 """An inbound request as engine-sim needs it: the gateway's reading, plus an engine's fields.
 
 The body is parsed, and its prompt canonicalised, by the gateway's own
-``router.gateway.inbound.parse``, so router and engine read a request one way; every refusal
-is one of the gateway's error classes (``router.gateway.errors``), which the app renders in
+``router.gateway.openai.request.parse``, so router and engine read a request one way; every refusal
+is one of the gateway's error classes (``router.gateway.openai.errors``), which the app renders in
 vLLM's dialect. On top of that come the fields only an engine reads: ``stream_options``,
 ``max_tokens`` (``max_completion_tokens`` for chat; clamped to ``MAX_TOKENS_CAP``), ``n``, a
 completions batch of prompts, the embeddings ``input`` and ``encoding_format``. The bodies of
@@ -20,8 +20,8 @@ from typing import Any
 from router.core.blocks import RoutingText
 from router.enginesim.engine import FAULT_MODES, Fault, SimSettings
 from router.enginesim.tokens import prefix_keys, prompt_text, prompt_tokens, text_tokens
-from router.gateway.errors import BadRequest, NotFound
-from router.gateway.inbound import Inbound, json_object, parse
+from router.gateway.openai.errors import BadRequest, NotFound
+from router.gateway.openai.request import Inbound, json_object, parse
 
 DEFAULT_MAX_TOKENS = 16
 # Far above any benchmark's output length, low enough that one request cannot pin the engine.

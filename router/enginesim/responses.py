@@ -21,7 +21,7 @@ import xxhash
 
 from router.enginesim.requests import EmbeddingRequest, Endpoint, Generation
 from router.enginesim.tokens import output_token
-from router.gateway import sse
+from router.gateway.openai import sse
 
 EMBEDDING_DIM = 16
 

@@ -12,7 +12,7 @@ whole fraction of the policy's ``block_chars`` (16 tokens against 512 characters
 wherever the router does, and with equal sizes its keys are the router's keys.
 
 With a model's tokenizer (``engine-sim --tokenizer PATH``), a text prompt is its ids instead,
-as the router's local tokenizer computes them (``router.gateway.local_tokenizer``): the chat
+as the router's local tokenizer computes them (``router.local_tokenizer``): the chat
 template applied, then encoded. From there on it is a token-id prompt like any other. A prompt
 the tokenizer cannot render (an image, no chat template) keeps its text pieces.
 
@@ -28,8 +28,8 @@ from array import array
 import xxhash
 
 from router.core.blocks import CHARS_PER_TOKEN, RoutingText, block_keys
-from router.gateway.inbound import Inbound
-from router.gateway.local_tokenizer import LocalTokenizer
+from router.gateway.openai.request import Inbound
+from router.local_tokenizer import LocalTokenizer
 
 # Output vocabulary: each entry is one output token of exactly CHARS_PER_TOKEN characters.
 # Seventeen entries, a prime, so the output of different prompts and choices differs.

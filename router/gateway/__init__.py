@@ -1,32 +1,39 @@
 """The gateway: the HTTP server in front of the engines, and everything a request touches.
 
-One request, one ``exchange``; the rest serve it:
+One request, one ``exchange``; every sub-package serves it, and each opens with its own map:
 
+- ``exchange``: one request's life in one place: read, parse, admit, decide, then per engine of
+  the plan acquire, attempt, record on the first byte, relay, release.
 - ``app``: the aiohttp application, the ``Gateway`` state it serves, the read-only and admin
   routes, and the background loops it owns (each started and stopped by a cleanup context).
-- ``exchange``: one request's life in one place: read, parse, admit, decide, then per engine of
-  the plan acquire, attempt, record on the first byte, relay, release; ``deadline``: the one
-  timer behind an attempt's waits.
-- ``flow``: flow control, the bounded fair queue in front of a full fleet; ``auth``: client
-  API keys.
-- ``inbound``: the request body parsed once, and the few fields routing needs, checked.
-- ``upstream``: the one seam to the engines, failures mapped in one place; ``engine_conn``:
-  its keep-alive connections and their pool; ``http1``: its request and response framing, no
-  I/O.
-- ``answer``: how an engine's answer reaches the client (non-streamed ones held only while
-  small); ``engine_keys``: the API key each engine is sent; ``drain``: the stop's grace period.
-- ``relay``: which headers cross each way, and the ``usage`` read from answers.
-- ``sse``: Server-Sent Events framing, no I/O.
-- ``errors``: the error tree, and the one place that renders errors in OpenAI's shape.
-- ``engines``: the engine pool: static and DNS-discovered engines, health, model lists.
-- ``engine_metrics``: scraping the engines' own load; ``kv_events``: subscribing to their KV
-  cache events; ``tokenize``: their token ids for a prompt.
-- ``metrics``: the Prometheus registry the app owns.
-- ``config``: the config file's model, its strict loader and the command-line overrides
-  (``config_engines`` and ``config_gossip`` hold those sections).
-- ``reload``: hot reload of the policy file.
-- ``gossip_delegate`` and ``replicas``: this gateway as one replica of a gossiping fleet.
-- ``connections``: client connections: the cap, the header deadline, malformed HTTP.
-- ``runtime``: serving one gateway in this process until a signal stops it;
-  ``workers``: N such processes on one port; ``eventloop``: uvloop where installed.
+- ``metrics``: the Prometheus registry the app owns (output; ``fleet.scrape`` is input).
+- ``openai/``: the protocol, no I/O: the request body parsed once, the error tree and its one
+  renderer, Server-Sent Events framing. engine-sim imports only this package of the gateway.
+- ``inbound/``: the client's side: connections, API keys, admission (the fair queue in front of
+  a full fleet).
+- ``upstream/``: the engines' side: the one seam (``client``), its connections and HTTP/1.1
+  framing, the relay of answers back to the client, the headers and usage that cross, the
+  attempt's deadline.
+- ``fleet/``: which engines exist and how they are: the pool (static, DNS, health, models) and
+  the scrape of their own load.
+- ``precise/``: precise mode: the engines' KV events and the request's token ids.
+- ``replicas/``: this gateway as one replica of a gossiping fleet.
+- ``config/``: the config file's model, strict loading and overrides, the engines' API keys,
+  hot reload of the policy file.
+- ``runtime/``: the process: serving one gateway until a signal, N workers on one port, the
+  stop's grace period.
+
+Where new work goes: a front-door API (another request shape) is parsed in ``openai/`` and
+routed by ``app``; a new engine protocol is a new ``upstream/`` client behind the same seam; a
+new scorer is a core plugin (router.core), never gateway code.
+
+Import rules (tests/test_architecture.py): ``openai`` imports nothing else of the gateway;
+``upstream`` imports only ``openai``; ``fleet`` never imports ``inbound`` or ``exchange``; only
+``runtime`` imports ``app``.
+
+Words used throughout: an *engine* is one inference server (``backend`` survives only in
+released contracts: ``--backend``, ``backends:``, ``/debug/backends``); a *route* is the URL
+path a client called; a *lease* is one attempt's hold on an engine's load and predicted blocks;
+a *delta* is a change to the block index, published to replicas; a *report* is load an engine
+states of itself; *admission* is the queue a request waits in while the fleet is full.
 """

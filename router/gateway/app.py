@@ -9,8 +9,8 @@ model lists, DNS, the policy watcher, the engines' /metrics scraper) is started 
 
 Build a ``Gateway`` inside a running event loop (its upstream opens an aiohttp session).
 
-With gossip configured, the gateway is one replica of a fleet (``router.gateway.replicas``): the
-index gossips under a per-run origin, every ``Delta`` an exchange records is published to the
+With gossip configured, the gateway is one replica of a fleet (``router.gateway.replicas.replica``):
+the index gossips under a per-run origin, every ``Delta`` an exchange records is published to the
 gossip queue, remote deltas and loads merge into ``core.index`` and ``core.loads``,
 ``gossip_peers`` and ``gossip_samples`` feed the ``kvrouter_gossip_*`` metrics, and the node
 runs in one more ``cleanup_ctx`` (the first started, the last stopped).
@@ -37,19 +37,9 @@ from router.core.kv_events import token_keys
 from router.core.load import EngineReport, Load
 from router.core.policy import Policy
 from router.core.retry_budget import BudgetRules, RetryBudget
-from router.gateway.auth import auth_middleware, load_keys
-from router.gateway.config import Config
-from router.gateway.connections import Connections, no_banner, request_middleware
-from router.gateway.drain import Drain
-from router.gateway.engine_keys import EngineKeys
-from router.gateway.engine_metrics import EngineMetricsScraper
-from router.gateway.engines import EnginePool, Resolver, resolve_dns
-from router.gateway.errors import (
-    GatewayError,
-    NotFound,
-    Unauthorized,
-    error_middleware,
-)
+from router.gateway.config.engine_keys import EngineKeys
+from router.gateway.config.reload import PolicyWatcher, Result
+from router.gateway.config.settings import Config
 from router.gateway.exchange import (
     Exchange,
     Services,
@@ -58,18 +48,28 @@ from router.gateway.exchange import (
     keep_local,
     read_body,
 )
-from router.gateway.flow import Admission
-from router.gateway.gossip_delegate import run_origin
-from router.gateway.inbound import PROMPT_FIELD, BodyParser
-from router.gateway.kv_events import EventMetrics, Subscriber
-from router.gateway.local_tokenizer import configured
+from router.gateway.fleet.pool import EnginePool, Resolver, resolve_dns
+from router.gateway.fleet.scrape import EngineMetricsScraper
+from router.gateway.inbound.admission import Admission
+from router.gateway.inbound.auth import auth_middleware, load_keys
+from router.gateway.inbound.connections import Connections, no_banner, request_middleware
 from router.gateway.metrics import FleetView, Metrics
-from router.gateway.reload import PolicyWatcher, Result
-from router.gateway.tokenize import Tokenizer
-from router.gateway.upstream import HttpUpstream, Upstream
+from router.gateway.openai.errors import (
+    GatewayError,
+    NotFound,
+    Unauthorized,
+    error_middleware,
+)
+from router.gateway.openai.request import PROMPT_FIELD, BodyParser
+from router.gateway.precise.kv_events import EventMetrics, Subscriber
+from router.gateway.precise.tokenize import Tokenizer
+from router.gateway.replicas.delegate import run_origin
+from router.gateway.runtime.drain import Drain
+from router.gateway.upstream.client import HttpUpstream, Upstream
+from router.local_tokenizer import configured
 
 if TYPE_CHECKING:
-    from router.gateway.replicas import Replica
+    from router.gateway.replicas.replica import Replica
     from router.gossip import GossipConfig, Sample
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class Gateway:
     ) -> None:
         self.config = config
         self.clock = clock
-        # In-flight exchanges, and the stop's grace period (router.gateway.drain).
+        # In-flight exchanges, and the stop's grace period (router.gateway.runtime.drain).
         self.drain = Drain()
         self.watcher = PolicyWatcher(
             policy_path,
@@ -156,13 +156,14 @@ class Gateway:
         self.admin_token: str | None = environ.get(config.admin_token_env) or None
         self.replica: Replica | None = None
         if gossip is not None:
-            from router.gateway.replicas import Replica  # grpc is loaded only when gossip is on
+            # grpc is loaded only when gossip is on
+            from router.gateway.replicas.replica import Replica
 
             self.replica = Replica(gossip, self.core, now=clock)
             self.gossip_peers = self.replica.peers
             self.gossip_samples = self.replica.samples
         self.admission = Admission(config.flow_control, self.core, self.metrics, clock=clock)
-        # Engines' KV cache events (router.gateway.kv_events) and the token ids they need.
+        # Engines' KV cache events (router.gateway.precise.kv_events) and the token ids they need.
         kv = config.engines.kv_events
         self.core.bridge_seconds = kv.bridge_seconds
         self.core.medium_weights = kv.medium_weights

@@ -1,7 +1,7 @@
 """One request's life in the gateway, in one place: the exchange.
 
-    read body -> parse -> admission (router.gateway.flow: wait, bounded, while the fleet is full)
-    -> decide -> for each engine of the plan (at most ``max_attempts``):
+    read body -> parse -> admission (router.gateway.inbound.admission: wait, bounded, while the
+    fleet is full) -> decide -> for each engine of the plan (at most ``max_attempts``):
         acquire -> send -> first byte
             5xx, timeout, broken: release, try the next engine
             200: record the prefix for this engine, publish the delta -> relay -> release
@@ -40,20 +40,12 @@ from aiohttp import web
 from router.core.decision import Decision, Lease, RoutingCore, TokenPrompt
 from router.core.index import Delta
 from router.core.retry_budget import RetryBudget
-from router.gateway.answer import (
-    Answer,
-    EventStream,
-    HoldBudget,
-    ends_stream,
-    json_object,
-    relay_answer,
-)
-from router.gateway.auth import KEY_NAME
-from router.gateway.config import Forwarding, Limits, Timeouts
-from router.gateway.deadline import Deadline
-from router.gateway.drain import Drain
-from router.gateway.engines import EnginePool
-from router.gateway.errors import (
+from router.gateway.config.settings import Forwarding, Limits, Timeouts
+from router.gateway.fleet.pool import EnginePool
+from router.gateway.inbound.admission import Admission, priority_of, tenant_of
+from router.gateway.inbound.auth import KEY_NAME
+from router.gateway.metrics import Metrics
+from router.gateway.openai.errors import (
     BodyTimeout,
     BodyTooLarge,
     EngineRefused,
@@ -68,11 +60,19 @@ from router.gateway.errors import (
     error_response,
     stream_error,
 )
-from router.gateway.flow import Admission, priority_of, tenant_of
-from router.gateway.inbound import BodyParser, Inbound, session_of
-from router.gateway.metrics import Metrics
-from router.gateway.relay import UsageTail, client_headers, engine_headers
-from router.gateway.upstream import Upstream, UpstreamRequest, UpstreamResponse
+from router.gateway.openai.request import BodyParser, Inbound, session_of
+from router.gateway.runtime.drain import Drain
+from router.gateway.upstream.client import Upstream, UpstreamRequest, UpstreamResponse
+from router.gateway.upstream.deadline import Deadline
+from router.gateway.upstream.headers import UsageTail, client_headers, engine_headers
+from router.gateway.upstream.relay import (
+    Answer,
+    EventStream,
+    HoldBudget,
+    ends_stream,
+    json_object,
+    relay_answer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +104,16 @@ class Services:
     clock: Callable[[], float] = time.monotonic
     # Where recorded deltas go (the gossip queue when replicas are configured).
     publish: Callable[[Delta], None] = keep_local
-    # Bodies parsed with bounded memory, large ones off the event loop (router.gateway.inbound).
+    # Bodies parsed with bounded memory, large ones off the event loop
+    # (router.gateway.openai.request).
     bodies: BodyParser = field(default_factory=BodyParser)
-    # The request's token ids from the engines' tokenizer (router.gateway.tokenize), for
+    # The request's token ids from the engines' tokenizer (router.gateway.precise.tokenize), for
     # engines whose KV events the index holds; None: route on the text keys alone.
     tokenize: Callable[[Inbound], Awaitable[TokenPrompt | None]] | None = None
     # Exchanges in flight, and the cut at the end of a stop's grace period.
     drain: Drain = field(default_factory=Drain)
-    # What non-streamed answers held until their end may take together (router.gateway.answer).
+    # What non-streamed answers held until their end may take together
+    # (router.gateway.upstream.relay).
     holds: HoldBudget = field(default_factory=HoldBudget)
 
 

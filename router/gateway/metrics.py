@@ -72,11 +72,11 @@ class FleetView:
     gossip_peers: Callable[[], Mapping[str, int]] = lambda: {"alive": 0}
     # The gossip node's other series (none while gossip is off).
     gossip: Callable[[], Iterable[Sample]] = lambda: ()
-    # Engines' fresh reports of their own load (router.gateway.engine_metrics).
+    # Engines' fresh reports of their own load (router.gateway.fleet.scrape).
     engine_reports: Callable[[], Iterable[tuple[str, EngineReport]]] = lambda: ()
     # Requests waiting in the flow-control queue, by priority.
     queue_depth: Callable[[], Mapping[int, int]] = lambda: {}
-    # Client connections open, and those refused by reason (router.gateway.connections).
+    # Client connections open, and those refused by reason (router.gateway.inbound.connections).
     connections_open: Callable[[], int] = lambda: 0
     connections_rejected: Callable[[], Mapping[str, int]] = lambda: {}
 

@@ -19,7 +19,7 @@ Cut like hashicorp/memberlist, one concern per module:
 - ``discovery``: seeds and a re-resolved DNS name.
 - ``node``: ``GossipNode``, the loops, the calls to peers and the request handlers, behind
   ``start``/``stop``.
-- ``delegate``: the application's hooks (the router's are ``router.gateway.gossip_delegate``).
+- ``delegate``: the application's hooks (the router's are ``router.gateway.replicas.delegate``).
 - ``stats``: counters and gauges, and their ``kvrouter_gossip_*`` series.
 
 The wire protocol is proto/gossip.proto. Importing the package does not import grpc: only

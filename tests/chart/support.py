@@ -68,7 +68,8 @@ ROUTER_METRICS: Mapping[str, str] = {
     "kvrouter_backend_kv_usage": "gauge",
     "kvrouter_engine_scrapes_total": "counter",
     "kvrouter_gossip_peers": "gauge",
-    # Engines' KV cache events and the tokenizer behind precise keys (router.gateway.kv_events).
+    # Engines' KV cache events and the tokenizer behind precise keys
+    # (router.gateway.precise.kv_events).
     "kvrouter_kv_events_total": "counter",
     "kvrouter_kv_events_dropped_total": "counter",
     "kvrouter_kv_event_gaps_total": "counter",
@@ -107,10 +108,10 @@ ROUTER_GOSSIP_PORT = 7946
 # The variable config.yaml's backends.api_key_env names when engines are sent an API key.
 ROUTER_ENGINE_KEY_ENV = "KVROUTER_ENGINE_API_KEY"
 # The pod's SIGKILL must come this long after the router cuts its streams at the end of
-# drain.grace_seconds (the router gives itself as much to stop, router.gateway.workers).
+# drain.grace_seconds (the router gives itself as much to stop, router.gateway.runtime.workers).
 DRAIN_MARGIN_SECONDS = 5
-# Environment the router reads with gossip on (router.gateway.replicas), from the downward API: the
-# pod's name is its node id, its IP the address gossip peers dial.
+# Environment the router reads with gossip on (router.gateway.replicas.replica), from the downward
+# API: the pod's name is its node id, its IP the address gossip peers dial.
 ROUTER_POD_ENV: Mapping[str, str] = {"POD_NAME": "metadata.name", "POD_IP": "status.podIP"}
 ROUTER_CONFIG_KEYS = frozenset(
     {

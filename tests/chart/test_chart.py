@@ -344,7 +344,7 @@ def kv_events_values(**kv: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("scenario", SCENARIO_IDS)
 def test_kv_events_scenario_without_port_absent_from_config(scenario: str) -> None:
     """Port 0 (the default) is off: the file says nothing and the router keeps text keys."""
-    from router.gateway.config import parse_config
+    from router.gateway.config.settings import parse_config
 
     config = rendered(scenario).router_config()
     assert "kv_events" not in config["backends"]
@@ -365,7 +365,7 @@ def test_kv_events_scenario_without_port_absent_from_config(scenario: str) -> No
 def test_kv_events_port_set_config_has_the_port_rule(
     values: dict[str, Any], expected: dict[str, Any]
 ) -> None:
-    from router.gateway.config import parse_config
+    from router.gateway.config.settings import parse_config
 
     config = render(kv_events_values(**values)).router_config()
     assert config["backends"]["kv_events"] == expected
@@ -429,7 +429,7 @@ def test_kv_events_settings_without_port_fail_with_reason(values: dict[str, Any]
 
 
 def test_kv_events_tokenizer_volume_is_mounted_where_the_config_reads_it() -> None:
-    from router.gateway.config import parse_config
+    from router.gateway.config.settings import parse_config
 
     claim = {"persistentVolumeClaim": {"claimName": "model-weights", "readOnly": True}}
     tokenizer = {"volume": claim, "path": "llama-3.1-8b/"}
@@ -476,7 +476,7 @@ def test_kv_events_network_policy_leaves_egress_to_the_engines_open() -> None:
 @pytest.mark.parametrize("scenario", SCENARIO_IDS)
 def test_router_config_scenario_loads_with_the_router_loader(scenario: str) -> None:
     """The router refuses an unknown key or a wrong type at start: its own loader must agree."""
-    from router.gateway.config import check_ready_to_serve, load_config_text
+    from router.gateway.config.settings import check_ready_to_serve, load_config_text
 
     out = rendered(scenario)
     config = load_config_text(out.router_config_text(), "config.yaml")
@@ -490,7 +490,7 @@ def test_router_config_scenario_loads_with_the_router_loader(scenario: str) -> N
 
 @pytest.mark.parametrize("scenario", SCENARIO_IDS)
 def test_router_settings_scenario_values_are_what_the_router_loads(scenario: str) -> None:
-    from router.gateway.config import load_config_text
+    from router.gateway.config.settings import load_config_text
 
     router = merged_values(values_of(scenario))["router"]
     config = load_config_text(rendered(scenario).router_config_text(), "config.yaml")
@@ -532,7 +532,7 @@ def test_router_settings_scenario_values_are_what_the_router_loads(scenario: str
 
 def test_router_settings_defaults_are_the_router_defaults() -> None:
     """Installing the chart changes nothing the router would do on its own (but the drain)."""
-    from router.gateway.config import FlowControl, Forwarding, Limits, load_config_text
+    from router.gateway.config.settings import FlowControl, Forwarding, Limits, load_config_text
 
     router = merged_values({})["router"]
     limits, flow, forwarding = Limits(), FlowControl(), Forwarding()
@@ -587,7 +587,7 @@ def test_drain_grace_within_termination_period_rendered(grace: float, kill_after
 
 def test_router_settings_fractional_values_render_as_numbers() -> None:
     """Seconds and percentages may be fractional: neither cut to an int nor quoted."""
-    from router.gateway.config import load_config_text
+    from router.gateway.config.settings import load_config_text
 
     out = render(
         {
@@ -707,7 +707,7 @@ def test_router_settings_schema_bad_value_rejected_naming_the_key(
 def test_engine_api_key_values_env_named_in_config_from_the_secret(
     values: dict[str, Any], secret: str | None
 ) -> None:
-    from router.gateway.config import load_config_text
+    from router.gateway.config.settings import load_config_text
 
     out = render(values)
     env = {e["name"]: e for e in out.router_container()["env"]}

@@ -18,7 +18,7 @@ import aiohttp
 from router.core.blocks import CHARS_PER_TOKEN
 from router.enginesim.app import serving
 from router.enginesim.engine import DEFAULT_MODEL, SimSettings
-from router.gateway.sse import Decoder, Event
+from router.gateway.openai.sse import Decoder, Event
 
 MODEL = DEFAULT_MODEL
 FAST = SimSettings(fast=True)

@@ -21,7 +21,7 @@ from router.core.engine_model import EngineSpec
 from router.enginesim.app import DROP_AFTER_TOKENS, REGISTRY, build_app
 from router.enginesim.engine import SimSettings
 from router.enginesim.requests import DEFAULT_MAX_TOKENS
-from router.gateway.sse import Decoder
+from router.gateway.openai.sse import Decoder
 from tests.enginesim.support import (
     ERROR_KEYS,
     FAST,

@@ -17,7 +17,7 @@ from router.enginesim.requests import (
     parse_fault,
     parse_generation,
 )
-from router.gateway.errors import RequestError
+from router.gateway.openai.errors import RequestError
 from tests.enginesim.support import FAST, MODEL, chat, completion, prompt, raw
 
 SETTINGS = SimSettings(spec=EngineSpec(block_tokens=4), fast=True)

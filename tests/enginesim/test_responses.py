@@ -13,7 +13,7 @@ import pytest
 from router.core.blocks import CHARS_PER_TOKEN
 from router.enginesim.requests import Endpoint, parse_embedding, parse_generation
 from router.enginesim.responses import EMBEDDING_DIM, Reply, embeddings_body, models_body
-from router.gateway.sse import Decoder
+from router.gateway.openai.sse import Decoder
 from tests.enginesim.support import FAST, MODEL, chat, completion, prompt, raw
 
 

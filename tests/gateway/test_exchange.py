@@ -26,13 +26,20 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.core.retry_budget import BudgetRules
-from router.gateway import answer as answer_module
 from router.gateway import exchange as exchange_module
-from router.gateway import sse
 from router.gateway.app import Gateway, build_app
-from router.gateway.config import Config, DnsEngines, EngineSources, Forwarding, Limits, Timeouts
-from router.gateway.config import Health as HealthConfig
-from router.gateway.deadline import Deadline
+from router.gateway.config.settings import (
+    Config,
+    DnsEngines,
+    EngineSources,
+    Forwarding,
+    Limits,
+    Timeouts,
+)
+from router.gateway.config.settings import Health as HealthConfig
+from router.gateway.openai import sse
+from router.gateway.upstream import relay as answer_module
+from router.gateway.upstream.deadline import Deadline
 from tests.fakes import (
     SSE,
     FakeEngine,

@@ -20,7 +20,7 @@ import pytest
 
 from router.core.index import BlockIndex, IndexLimits
 from router.core.load import Load, LoadBook
-from router.gateway.gossip_delegate import IndexDelegate, run_origin
+from router.gateway.replicas.delegate import IndexDelegate, run_origin
 from router.gossip.auth import Sealer
 from router.gossip.config import LOCAL, GossipConfig, TlsFiles
 from router.gossip.grpc_transport import transport_for

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from router.core.index import BlockIndex, IndexLimits
 from router.core.load import LoadBook
-from router.gateway.gossip_delegate import IndexDelegate, run_origin
+from router.gateway.replicas.delegate import IndexDelegate, run_origin
 from router.gossip.config import LOCAL
 from router.gossip.transport import Faults
 from router.gossip.wire import pb

@@ -1,0 +1,9 @@
+"""The gateway's configuration: the file, the flags that override it, and what is read at start.
+
+- ``settings``: the config file's model (every field with its default in the docstring), its
+  strict loader and the command-line overrides.
+- ``engines``: the ``engines`` and ``engine_metrics`` sections.
+- ``gossip``: the ``gossip`` section.
+- ``engine_keys``: the API key each engine is sent, read from the environment once.
+- ``reload``: hot reload of the policy file.
+"""

@@ -1,0 +1,293 @@
+"""Where the engines are and how the gateway observes them: the ``engines`` section
+(static URLs, a DNS name, KV-event endpoints) and ``engine_metrics`` (scraping the engines'
+own load), with their strict parsers and the URL and endpoint syntax they accept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from router import hostport
+from router.core.fields import ConfigFields, show
+
+SCHEMES = ("http", "https")
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True, slots=True)
+class DnsEngines:
+    """Every address of ``name`` is an engine ``scheme://address:port``; re-resolved."""
+
+    name: str
+    port: int = 8000
+    scheme: str = "http"
+    interval_seconds: float = 10.0
+    # The variable holding these engines' API key; empty: the section's ``api_key_env``.
+    api_key_env: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventEndpoint:
+    """Where one engine publishes its KV cache events, and where it replays them."""
+
+    endpoint: str
+    replay_endpoint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class KvEvents:
+    """Engines' KV cache events (router.gateway.precise.kv_events): a port rule and explicit
+    endpoints.
+
+    ``port`` (0: no rule) applies to every engine's host; ``endpoints`` name engines one by
+    one and win over the rule. ``tokenizer: engine`` asks a precise engine's ``/tokenize``;
+    a path names the model's tokenizer files (router.local_tokenizer).
+    """
+
+    port: int = 0
+    replay_port: int = 0
+    topic: str = ""
+    endpoints: Mapping[str, KvEventEndpoint] = field(default_factory=dict)
+    tokenizer: str = "engine"
+    tokenize_timeout_seconds: float = 0.5
+    bridge_seconds: float = 5.0
+    medium_weights: Mapping[str, float] = field(
+        default_factory=lambda: {"gpu": 1.0, "cpu": 0.5, "disk": 0.25}
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.port or self.endpoints)
+
+
+def tokenizer_problem(tokenizer: str) -> str | None:
+    """What is wrong with a ``tokenizer`` setting (``engine``, or a path), or None.
+
+    A path is read when the gateway starts (where it is mounted), not when a config is parsed.
+    """
+    if tokenizer.strip():
+        return None
+    return "must be 'engine' (the engine's POST /tokenize) or the path of the model's tokenizer"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSources:
+    static: tuple[str, ...] = ()
+    dns: DnsEngines | None = None
+    models_refresh_seconds: float = 30.0
+    kv_events: KvEvents = field(default_factory=KvEvents)
+    # Environment variables holding the API keys engines are sent
+    # (router.gateway.config.engine_keys): this one for every engine without its own, and per static
+    # URL.
+    api_key_env: str = ""
+    static_key_envs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricNames:
+    """Which /metrics series carry an engine's load (router.gateway.fleet.scrape).
+
+    For each figure the first name an engine exports is used; samples of it under several
+    label sets (model_name, a data-parallel rank's engine="0") are summed (KV use: the
+    highest). The defaults cover vLLM (and its older KV name), SGLang and llama.cpp.
+    """
+
+    running: tuple[str, ...] = (
+        "vllm:num_requests_running",
+        "sglang:num_running_reqs",
+        "llamacpp:requests_processing",
+    )
+    waiting: tuple[str, ...] = (
+        "vllm:num_requests_waiting",
+        "sglang:num_queue_reqs",
+        "llamacpp:requests_deferred",
+    )
+    kv_usage: tuple[str, ...] = (
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "sglang:token_usage",
+        "llamacpp:kv_cache_usage_ratio",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    """Scraping the engines' own load from their Prometheus /metrics."""
+
+    enabled: bool = True
+    # vLLM refreshes its gauges every scheduler step; half a second keeps a report younger
+    # than a typical prefill while costing each engine two small GETs a second.
+    interval_seconds: float = 0.5
+    # A scrape slower than this is dropped (the last report ages out instead of blocking).
+    timeout_seconds: float = 0.25
+    # A report older than this many intervals is ignored: the router's own figures stand.
+    stale_after_intervals: int = 4
+    names: MetricNames = field(default_factory=MetricNames)
+
+    @property
+    def stale_after_seconds(self) -> float:
+        return self.interval_seconds * self.stale_after_intervals
+
+
+def engine_url(text: str) -> str:
+    """An engine base URL in canonical form; raises ``ValueError`` saying why.
+
+    The URL is the engine's name in the index that replicas gossip, so every spelling of one
+    engine must give one name: lower-case scheme and host, IP literals compressed, the port
+    always explicit (as DNS discovery writes it), no trailing slash.
+    """
+    try:
+        u = urlsplit(text.strip())
+        port = u.port
+    except ValueError as e:
+        raise ValueError(f"not a URL: {text!r} ({e})") from None
+    if u.scheme not in SCHEMES:
+        raise ValueError(f"must start with http:// or https://, got {text!r}")
+    if not u.hostname:
+        raise ValueError(f"has no host: {text!r}")
+    if u.query or u.fragment or u.username or u.password:
+        raise ValueError(f"must not carry a query, fragment or credentials: {text!r}")
+    host = u.hostname
+    with contextlib.suppress(ValueError):
+        host = ipaddress.ip_address(host).compressed
+    if ":" in host:
+        host = f"[{host}]"
+    port = DEFAULT_PORTS[u.scheme] if port is None else port
+    return f"{u.scheme}://{host}:{port}{u.path.rstrip('/')}"
+
+
+def dns_target(text: str) -> tuple[str, int]:
+    """``NAME:PORT`` -> (name, port); raises ``ValueError`` saying why."""
+    return hostport.split(text)
+
+
+def zmq_endpoint(text: str) -> str:
+    """``tcp://HOST:PORT``, checked; raises ``ValueError`` saying why."""
+    if not text.startswith("tcp://"):
+        raise ValueError(f"must be tcp://HOST:PORT, got {text!r}")
+    hostport.split(text.removeprefix("tcp://"))
+    return text
+
+
+def _kv_events(f: ConfigFields | None) -> KvEvents:
+    if f is None:
+        return KvEvents()
+    endpoints: dict[str, KvEventEndpoint] = {}
+    e = f.sub("endpoints")
+    if e is not None:
+        for url in list(e.data):
+            sub = e.sub(str(url))
+            where = e.at(str(url))
+            if sub is None:
+                e.fail(where, "must be {endpoint: tcp://HOST:PORT, replay_endpoint: ...}")
+            ep, replay = sub.text("endpoint", "", required=True), sub.text("replay_endpoint", "")
+            try:
+                key = engine_url(str(url))
+                zmq_endpoint(ep)
+                if replay:
+                    zmq_endpoint(replay)
+            except ValueError as err:
+                e.fail(where, str(err))
+            sub.done()
+            endpoints[key] = KvEventEndpoint(ep, replay)
+        e.done()
+    weights: dict[str, float] = {"gpu": 1.0, "cpu": 0.5, "disk": 0.25}
+    w = f.sub("medium_weights")
+    if w is not None:
+        weights = {str(k).lower(): w.number(str(k), 1.0, 0.0, 1.0) for k in list(w.data)}
+        w.done()
+    tokenizer = f.text("tokenizer", "engine")
+    if (problem := tokenizer_problem(tokenizer)) is not None:
+        f.fail(f.at("tokenizer"), problem)
+    out = KvEvents(
+        port=f.integer("port", 0, 0, 65535),
+        replay_port=f.integer("replay_port", 0, 0, 65535),
+        topic=f.text("topic", ""),
+        endpoints=endpoints,
+        tokenizer=tokenizer,
+        tokenize_timeout_seconds=f.seconds("tokenize_timeout_seconds", 0.5, 0.001),
+        bridge_seconds=f.seconds("bridge_seconds", 5.0, 0.0),
+        medium_weights=weights,
+    )
+    f.done()
+    return out
+
+
+def engine_sources(f: ConfigFields | None) -> EngineSources:
+    if f is None:
+        return EngineSources()
+    static: list[str] = []
+    key_envs: dict[str, str] = {}
+    for i, entry in enumerate(f.values("static")):
+        where = f"{f.at('static')}[{i}]"
+        text, key_env = entry, ""
+        if isinstance(entry, Mapping):  # {url: URL, api_key_env: NAME}
+            e = ConfigFields(entry, where, f.where)
+            text, key_env = e.text("url", "", required=True), e.text("api_key_env", "")
+            e.done()
+        elif not isinstance(entry, str):
+            f.fail(where, f"must be a URL or {{url: URL, api_key_env: NAME}}, got {show(entry)}")
+        try:
+            static.append(engine_url(text))
+        except ValueError as err:
+            f.fail(where, str(err))
+        if key_env:
+            key_envs[static[-1]] = key_env
+    dns: DnsEngines | None = None
+    d = f.sub("dns")
+    if d is not None:
+        name = d.text("name", "")
+        dns = DnsEngines(
+            name=name,
+            port=d.integer("port", 8000, 1, 65535),
+            scheme=d.choice("scheme", "http", SCHEMES),
+            interval_seconds=d.seconds("interval_seconds", 10.0, 0.1),
+            api_key_env=d.text("api_key_env", ""),
+        )
+        d.done()
+        if not name:
+            dns = None  # an empty name (the chart's default) means no DNS discovery
+    out = EngineSources(
+        tuple(static),
+        dns,
+        f.seconds("models_refresh_seconds", 30.0, 0.1),
+        _kv_events(f.sub("kv_events")),
+        api_key_env=f.text("api_key_env", ""),
+        static_key_envs=key_envs,
+    )
+    f.done()
+    return out
+
+
+def _metric_names(f: ConfigFields | None) -> MetricNames:
+    d = MetricNames()
+    if f is None:
+        return d
+    out = MetricNames(
+        **{
+            key: tuple(f.texts(key)) if f.has(key) else getattr(d, key)
+            for key in ("running", "waiting", "kv_usage")
+        }
+    )
+    f.done()
+    return out
+
+
+def engine_metrics(f: ConfigFields | None) -> EngineMetrics:
+    if f is None:
+        return EngineMetrics()
+    out = EngineMetrics(
+        enabled=f.flag("enabled", True),
+        interval_seconds=f.seconds("interval_seconds", 0.5),
+        timeout_seconds=f.seconds("timeout_seconds", 0.25),
+        stale_after_intervals=f.integer("stale_after_intervals", 4, 1, 1000),
+        names=_metric_names(f.sub("names")),
+    )
+    f.done()
+    return out

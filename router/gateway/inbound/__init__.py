@@ -1,0 +1,7 @@
+"""The client's side of the gateway: who may connect, who may call, who must wait.
+
+- ``connections``: client connections: the cap, the header deadline, malformed HTTP.
+- ``auth``: client API keys: who may use the OpenAI routes, and under which name.
+- ``admission``: flow control: the bounded, fair queue in front of a full fleet
+  (over router.core.admission's pure queue).
+"""

@@ -1,0 +1,6 @@
+"""Precise mode: keying requests on the engines' own token ids and KV cache events.
+
+- ``kv_events``: one ZMQ SUB per engine, feeding the engines' own word to the index.
+- ``tokenize``: a request's token ids, from an engine's ``/tokenize`` or a local tokenizer
+  (router.local_tokenizer).
+"""

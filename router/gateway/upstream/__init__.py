@@ -1,0 +1,12 @@
+"""The engines' side of the gateway: everything sent to an engine and everything it answers.
+
+- ``client``: the one seam, ``Upstream``, and its HTTP implementation; failures mapped to the
+  error tree there.
+- ``connections``: keep-alive HTTP/1.1 connections to engines and their pool.
+- ``http1``: request and response framing, no I/O.
+- ``relay``: how an engine's answer reaches the client (non-streamed ones held only while small).
+- ``headers``: which headers cross each way, and the ``usage`` read from answers.
+- ``deadline``: the one timer behind an attempt's waits: the first byte, then each read.
+
+It imports only router.gateway.openai from the rest of the gateway.
+"""

@@ -1,0 +1,216 @@
+"""What crosses the proxy: which headers go each way, and the ``usage`` read from answers.
+
+Pure functions over values, like ``router.gateway.openai.sse``: the proxy calls them, tests feed
+them bytes. The gateway reports the engines' prefix-cache hits from ``usage.prompt_tokens`` and
+``usage.prompt_tokens_details.cached_tokens``: in a non-streamed answer's JSON, or in a
+stream's last usage event, found from the stream's tail without decoding the whole stream.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import Any, TypeGuard
+
+import orjson
+from multidict import CIMultiDict, MultiMapping
+
+from router.gateway.openai import sse
+
+# Connection-level headers (RFC 9110 section 7.6.1) belong to one hop and are never relayed.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Also not sent to engines: the engine's own Host, a length aiohttp recomputes, the
+# client's encodings (engines answer uncompressed so the gateway can read ``usage``), and the
+# body's encoding, which aiohttp has already decoded (a gzip body is forwarded plain).
+_NOT_TO_ENGINE = HOP_BY_HOP | {
+    "host",
+    "content-length",
+    "accept-encoding",
+    "expect",
+    "content-encoding",
+}
+_NOT_TO_CLIENT = HOP_BY_HOP | {"content-length", "date", "server"}
+
+# Bytes kept from the end of a stream to find its final usage event in.
+USAGE_TAIL_BYTES = 16 * 1024
+
+
+# X-Forwarded-For is dropped as it comes and appended again, with the client's address; an
+# X-Request-Id is replaced by the request's own id when the gateway gives one.
+_DROPPED_TO_ENGINE = _NOT_TO_ENGINE | {"x-forwarded-for"}
+# The client's credentials for the gateway are not the engines' business (engines get their
+# own); a client can write any forwarding header it likes, so by default none is believed.
+CLIENT_CREDENTIALS = frozenset({"authorization", "cookie"})
+CLIENT_FORWARDING = frozenset({"forwarded", "x-real-ip", "x-forwarded-host", "x-forwarded-proto"})
+# The dropped set for each (pass_credentials, trust_forwarding, replace_request_id), built once:
+# no set is made per request on the common path.
+_DROP: dict[tuple[bool, bool, bool], frozenset[str]] = {
+    (creds, trust, rid): frozenset(
+        _DROPPED_TO_ENGINE
+        | (frozenset() if creds else CLIENT_CREDENTIALS)
+        | (frozenset() if trust else CLIENT_FORWARDING)
+        | ({"x-request-id"} if rid else frozenset())
+    )
+    for creds in (False, True)
+    for trust in (False, True)
+    for rid in (False, True)
+}
+_NONE: frozenset[str] = frozenset()
+
+
+def _connection_named(headers: MultiMapping[str]) -> frozenset[str]:
+    if "Connection" not in headers:
+        return _NONE
+    return frozenset(
+        token.strip().lower()
+        for value in headers.getall("Connection")
+        for token in value.split(",")
+        if token.strip()
+    )
+
+
+def engine_headers(
+    headers: MultiMapping[str],
+    peer: str | None,
+    *,
+    request_id: str = "",
+    pass_credentials: bool = False,
+    trust_forwarding: bool = False,
+) -> list[tuple[str, str]]:
+    """The client's headers as the engine gets them: no hop-by-hop, X-Forwarded-For appended.
+
+    Unless asked, the client's ``Authorization`` and ``Cookie`` stay here, and its forwarding
+    headers (``Forwarded``, ``X-Real-IP``, ``X-Forwarded-*``) are dropped, X-Forwarded-For
+    then naming only the peer: behind a trusted proxy, ``trust_forwarding`` keeps the chain.
+    With ``request_id``, the engine gets it as X-Request-Id (vLLM takes it as its own).
+    """
+    named = _connection_named(headers)
+    drop = _DROP[pass_credentials, trust_forwarding, bool(request_id)]
+    if named:
+        drop = drop | named
+    out = [(k, v) for k, v in headers.items() if k.lower() not in drop]
+    if request_id:
+        out.append(("X-Request-Id", request_id))
+    chain = ""
+    if trust_forwarding and "X-Forwarded-For" in headers:
+        chain = ", ".join(headers.getall("X-Forwarded-For"))
+    if peer:
+        chain = f"{chain}, {peer}" if chain else peer
+    if chain:
+        out.append(("X-Forwarded-For", chain))
+    out.append(("Accept-Encoding", "identity"))
+    return out
+
+
+def client_headers(headers: MultiMapping[str]) -> CIMultiDict[str]:
+    """The engine's response headers as the client gets them (repeated ones kept)."""
+    named = _connection_named(headers)
+    drop = _NOT_TO_CLIENT | named if named else _NOT_TO_CLIENT
+    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
+
+
+def usage_counts(usage: Any) -> tuple[int, int] | None:
+    """(prompt tokens, cached tokens) from an OpenAI ``usage`` object, when both are given."""
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if _count(prompt) and _count(cached):
+        return prompt, cached
+    return None
+
+
+def _count(v: Any) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def body_usage(body: bytes) -> tuple[int, int] | None:
+    """(prompt, cached) tokens from a non-streamed JSON answer, when it reports both."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return usage_counts(obj.get("usage") if isinstance(obj, dict) else None)
+
+
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+class UsageTail:
+    """The last bytes of a stream, to read its final ``usage`` event without decoding it all."""
+
+    __slots__ = ("_cut", "_keep", "_parts", "_size")
+
+    def __init__(self, keep: int = USAGE_TAIL_BYTES) -> None:
+        self._parts: deque[bytes] = deque()
+        self._size = 0
+        self._keep = keep
+        self._cut = False  # bytes were dropped from the front: the tail starts mid-event
+
+    def feed(self, chunk: bytes) -> None:
+        self._parts.append(chunk)
+        self._size += len(chunk)
+        while self._size - len(self._parts[0]) >= self._keep:
+            self._size -= len(self._parts.popleft())
+            self._cut = True
+
+    def usage(self) -> tuple[int, int] | None:
+        """(prompt, cached) tokens of the last event that reports them."""
+        data = b"".join(self._parts)
+        end = len(data)
+        # Newest first, and only the events that mention usage are decoded (usually one).
+        while (at := data.rfind(b'"usage"', 0, end)) != -1:
+            found = ((data.rfind(sep, 0, at), len(sep)) for sep in _SEPARATORS)
+            start = max((i + n for i, n in found if i != -1), default=0)
+            if start == 0 and self._cut:
+                return None  # that event's beginning was cut off
+            m = _EVENT_END.search(data, at)
+            for ev in sse.Decoder().feed(data[start : m.end() if m else end] + b"\n\n"):
+                counts = _event_usage(ev)
+                if counts is not None:
+                    return counts
+            end = start
+        return None
+
+    def json_usage(self) -> tuple[int, int] | None:
+        """(prompt, cached) tokens of a non-streamed JSON answer ending in this tail."""
+        data = b"".join(self._parts)
+        if not self._cut:
+            return body_usage(data)
+        # OpenAI's answers end with their usage object: take the last one, braces matched.
+        start = data.find(b"{", data.rfind(b'"usage"') + 1)
+        depth = 0
+        for end in range(max(start, 0), len(data) if start > 0 else 0):
+            depth += {0x7B: 1, 0x7D: -1}.get(data[end], 0)
+            if depth == 0:
+                try:
+                    return usage_counts(orjson.loads(data[start : end + 1]))
+                except orjson.JSONDecodeError:
+                    return None
+        return None
+
+
+_SEPARATORS = (b"\n\n", b"\r\r", b"\r\n\r\n")
+
+
+def _event_usage(ev: sse.Event) -> tuple[int, int] | None:
+    if ev.done or '"usage"' not in ev.data:
+        return None
+    try:
+        obj = orjson.loads(ev.data)
+    except orjson.JSONDecodeError:
+        return None
+    return usage_counts(obj.get("usage") if isinstance(obj, dict) else None)

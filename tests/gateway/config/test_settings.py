@@ -1,0 +1,337 @@
+"""The serve config file: the chart's exact shape, strict errors with field paths, flags."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from router.cli import main
+from router.commands import serve
+from router.core.fields import MAX_YAML_BYTES, ConfigError
+from router.gateway.config.settings import (
+    Config,
+    DnsEngines,
+    check_ready_to_serve,
+    engine_url,
+    load_config,
+    load_config_text,
+    parse_config,
+    with_overrides,
+)
+
+CHART_SHAPE = """
+listen: {host: 0.0.0.0, port: 8000}
+policy: /etc/kvrouter/policy/policy.yaml
+policy_reload: {enabled: true, interval_seconds: 2}
+backends:
+  static: [http://vllm-0.vllm:8000]
+  dns: {name: vllm-headless.default.svc.cluster.local, port: 8000, scheme: http, interval_seconds: 10}
+  models_refresh_seconds: 30
+health: {path: /health, interval_seconds: 5, timeout_seconds: 2, eject_after_failures: 3, readmit_backoff_seconds: 5, readmit_backoff_max_seconds: 60}
+timeouts: {connect_seconds: 5, first_byte_seconds: 300, idle_stream_seconds: 120}
+limits: {max_body_bytes: 16777216, max_attempts: 3}
+admin_token_env: KVROUTER_ADMIN_TOKEN
+gossip: {enabled: false, port: 7946, dns: "", peers: [], secret_env: KVROUTER_GOSSIP_SECRET, tls: {cert_file: "", key_file: "", ca_file: ""}}
+"""  # noqa: E501
+
+
+def test_config_chart_shape_loads_every_field() -> None:
+    c = load_config_text(CHART_SHAPE, "values.yaml")
+    assert (c.listen.host, c.listen.port) == ("0.0.0.0", 8000)
+    assert c.policy == "/etc/kvrouter/policy/policy.yaml"
+    assert c.policy_reload.enabled and c.policy_reload.interval_seconds == 2
+    assert c.engines.static == ("http://vllm-0.vllm:8000",)
+    dns = DnsEngines("vllm-headless.default.svc.cluster.local", 8000, "http", 10)
+    assert c.engines.dns == dns
+    assert c.engines.models_refresh_seconds == 30
+    h = c.health
+    assert (h.path, h.interval_seconds, h.timeout_seconds, h.eject_after_failures) == (
+        "/health",
+        5,
+        2,
+        3,
+    )
+    assert (h.readmit_backoff_seconds, h.readmit_backoff_max_seconds) == (5, 60)
+    t = c.timeouts
+    assert (t.connect_seconds, t.first_byte_seconds, t.idle_stream_seconds) == (5, 300, 120)
+    assert (c.limits.max_body_bytes, c.limits.max_attempts) == (16777216, 3)
+    assert c.admin_token_env == "KVROUTER_ADMIN_TOKEN"
+    assert not c.gossip.enabled and c.gossip.port == 7946 and c.gossip.peers == ()
+    assert c.gossip.secret_env == "KVROUTER_GOSSIP_SECRET" and c.gossip.tls.cert_file == ""
+
+
+def test_config_chart_shape_equals_defaults_but_backends() -> None:
+    c = load_config_text(CHART_SHAPE, "values.yaml")
+    d = Config()
+    assert (c.listen, c.policy_reload, c.health, c.timeouts, c.limits, c.gossip) == (
+        d.listen,
+        d.policy_reload,
+        d.health,
+        d.timeouts,
+        d.limits,
+        d.gossip,
+    )
+
+
+def test_config_empty_file_is_defaults() -> None:
+    assert load_config_text("", "empty.yaml") == Config()
+
+
+def test_config_empty_dns_name_means_no_dns() -> None:
+    c = load_config_text("backends: {dns: {name: '', port: 8000}}", "c.yaml")
+    assert c.engines.dns is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("listen: {hots: x}", "c.yaml: listen.hots: unknown field"),
+        ("listen: {port: 'eighty'}", "c.yaml: listen.port: must be an integer from 0 to 65535"),
+        ("backends: {static: http://a}", "c.yaml: backends.static: must be a list, got"),
+        ("backends: {static: [ftp://a]}", "c.yaml: backends.static[0]: must start with http://"),
+        ("backends: {static: ['http://a?x=1']}", "backends.static[0]: must not carry a query"),
+        ("backends: {static: [3]}", "c.yaml: backends.static[0]: must be a URL or {url: URL"),
+        ("engines: {static: [{api_key_env: K}]}", "c.yaml: engines.static[0].url: is required"),
+        ("engines: {static: [{url: http://a, key: x}]}", "engines.static[0].key: unknown field"),
+        ("engines: {static: [{url: 'ftp://a'}]}", "engines.static[0]: must start with http"),
+        ("engines: {dns: {name: a, api_key_env: [K]}}", "engines.dns.api_key_env: must be a str"),
+        ("backends: {dns: {name: a, scheme: udp}}", "backends.dns.scheme: must be one of http"),
+        ("health: {path: health}", "c.yaml: health.path: must start with '/'"),
+        (
+            "health: {readmit_backoff_seconds: 10, readmit_backoff_max_seconds: 5}",
+            "health.readmit_backoff_max_seconds: must not be below readmit_backoff_seconds",
+        ),
+        ("health: {eject_after_failures: 0}", "health.eject_after_failures: must be an integer"),
+        ("timeouts: {first_byte_seconds: -1}", "timeouts.first_byte_seconds: must be a number"),
+        ("limits: {max_attempts: true}", "limits.max_attempts: must be an integer from 1 to 16"),
+        ("gossip: {tls: {cert: x}}", "c.yaml: gossip.tls.cert: unknown field"),
+        ("gossip: {peers: [1]}", "c.yaml: gossip.peers[0]: must be a string"),
+        ("policy_reload: yes", "c.yaml: policy_reload: must be a mapping"),
+        ("- a\n- b", "c.yaml: (top level): must be a mapping"),
+        ("listen: {host: [", "c.yaml: line 1, column 17: invalid YAML"),
+        ("extra: 1", "c.yaml: extra: unknown field"),
+        ("limits: {max_connections: 0}", "limits.max_connections: must be an integer from 1"),
+        ("limits: {header_timeout_seconds: 0}", "limits.header_timeout_seconds: must be a number"),
+        ("limits: {keepalive_timeout_seconds: x}", "limits.keepalive_timeout_seconds: must be"),
+        ("limits: {large_body_bytes: -1}", "limits.large_body_bytes: must be an integer from 0"),
+        ("limits: {max_large_body_parses: 0}", "limits.max_large_body_parses: must be an integer"),
+        ("limits: {max_attempts: " + "9" * 400 + "}", "limits.max_attempts: must be an integer"),
+        ("timeouts: {connect_seconds: " + "9" * 400 + "}", "timeouts.connect_seconds: must be"),
+        ("1: a", "c.yaml: 1: unknown field"),
+        ("listen: !!timestamp x", "c.yaml: invalid YAML"),
+    ],
+    ids=lambda v: v if len(v) < 30 else v[:30],
+)
+def test_config_invalid_error_names_file_and_field(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config_text(text, "c.yaml")
+    assert expected in str(e.value)
+
+
+def test_config_unreadable_file_names_it(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(ConfigError, match=r"missing\.yaml: cannot read"):
+        load_config(missing)
+
+
+@pytest.mark.parametrize(
+    ("text", "url"),
+    [
+        ("http://a:8000/", "http://a:8000"),
+        ("HTTPS://A.example", "https://a.example:443"),
+        ("http://a.example:80/", "http://a.example:80"),
+        ("http://[::1]:9000", "http://[::1]:9000"),
+        ("http://[0:0::0001]:9000//", "http://[::1]:9000"),
+        ("http://h:1/prefix/", "http://h:1/prefix"),
+    ],
+    ids=["trailing-slash", "case-default-port", "explicit-default", "v6", "v6-compressed", "path"],
+)
+def test_backend_url_normalised(text: str, url: str) -> None:
+    assert engine_url(text) == url
+
+
+def test_overrides_flags_replace_file_values() -> None:
+    c = load_config_text(CHART_SHAPE, "values.yaml")
+    o = with_overrides(
+        c,
+        engines=["http://127.0.0.1:9/"],
+        engine_dns="engines.local:9100",
+        policy="round-robin",
+        host="127.0.0.1",
+        port=0,
+    )
+    assert o.engines.static == ("http://127.0.0.1:9",)
+    assert o.engines.dns == DnsEngines("engines.local", 9100, "http", 10)
+    assert (o.policy, o.listen.host, o.listen.port) == ("round-robin", "127.0.0.1", 0)
+    assert o.health == c.health
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"engines": ["localhost:8000"]}, "--engine: must start with http://"),
+        ({"engine_dns": "engines"}, "--engine-dns: must be HOST:PORT"),
+        ({"engine_dns": "engines:0"}, "--engine-dns: must be HOST:PORT"),
+    ],
+)
+def test_overrides_bad_flag_names_it(kwargs: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        with_overrides(Config(), **kwargs)  # type: ignore[arg-type]
+
+
+def test_check_no_engines_says_how_to_give_one() -> None:
+    with pytest.raises(ConfigError, match="no engines: give --engine URL"):
+        check_ready_to_serve(Config())
+
+
+@pytest.mark.parametrize("flag", ["--engine", "--backend"])
+def test_serve_engine_flag_and_its_released_spelling_both_work(flag: str) -> None:
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    args = parser.parse_args([flag, "http://127.0.0.1:1", f"{flag}-dns", "engines.local:9"])
+    c = serve.config_from_args(args)
+    assert c.engines.static == ("http://127.0.0.1:1",)
+    assert c.engines.dns == DnsEngines("engines.local", 9)
+
+
+@pytest.mark.parametrize("key", ["engines", "backends"])
+def test_config_engines_section_and_its_released_spelling_both_load(key: str) -> None:
+    c = load_config_text(f"{key}: {{static: [http://10.0.0.1:8000]}}\n", "c.yaml")
+    assert c.engines.static == ("http://10.0.0.1:8000",)
+
+
+def test_config_engines_and_backends_together_is_an_error() -> None:
+    text = "engines: {static: [http://a:1]}\nbackends: {static: [http://b:1]}\n"
+    with pytest.raises(ConfigError, match="either 'engines' or its older spelling 'backends'"):
+        load_config_text(text, "c.yaml")
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    ns = parser.parse_args([])
+    for k, v in kw.items():
+        setattr(ns, k, v)
+    return ns
+
+
+def test_config_from_args_defaults_listen_on_every_interface() -> None:
+    c = serve.config_from_args(_args(engines=["http://127.0.0.1:1"]))
+    assert (c.listen.host, c.listen.port, c.policy) == ("0.0.0.0", 8000, "kv-aware")
+
+
+def test_serve_bad_config_exits_2_with_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "serve.yaml"
+    bad.write_text("limits: {max_attempts: 0}\n")
+    assert main(["serve", "--config", str(bad), "--backend", "http://127.0.0.1:1"]) == 2
+    assert "limits.max_attempts: must be an integer from 1 to 16" in capsys.readouterr().err
+
+
+def test_serve_bad_policy_exits_2_with_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("name: x\nscorers: [{type: load}]\n")
+    argv = ["serve", "--policy", str(bad), "--backend", "http://127.0.0.1:1", "--port", "0"]
+    assert main(argv) == 2
+    assert "scorers[0].weight: is required" in capsys.readouterr().err
+
+
+def test_serve_no_engine_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--port", "0"]) == 2
+    assert "no engines" in capsys.readouterr().err
+
+
+def test_config_limits_for_clients_load_with_defaults() -> None:
+    d = Config().limits
+    assert (d.max_connections, d.header_timeout_seconds, d.keepalive_timeout_seconds) == (
+        2048,
+        10.0,
+        75.0,
+    )
+    assert (d.large_body_bytes, d.max_large_body_parses) == (1024 * 1024, 1)
+    c = load_config_text(
+        "limits: {max_connections: 16, header_timeout_seconds: 0.5, "
+        "keepalive_timeout_seconds: 5, large_body_bytes: 0, max_large_body_parses: 2}",
+        "c.yaml",
+    ).limits
+    assert (c.max_connections, c.header_timeout_seconds, c.keepalive_timeout_seconds) == (
+        16,
+        0.5,
+        5.0,
+    )
+    assert (c.large_body_bytes, c.max_large_body_parses) == (0, 2)
+
+
+def test_config_file_over_size_limit_names_it(tmp_path: Path) -> None:
+    p = tmp_path / "serve.yaml"
+    p.write_text("limits: {max_attempts: 3}\n" + "#" * MAX_YAML_BYTES)
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value).startswith(f"{p}: ") and "limit" in str(e.value)
+
+
+def test_config_alias_bomb_refused() -> None:
+    bomb = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+        f"{k}: &{k} [{','.join(['*' + p] * 9)}]\n"
+        for p, k in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    with pytest.raises(ConfigError, match="aliases"):
+        load_config_text(bomb + "policy: *i\n", "bomb.yaml")
+
+
+# -- fuzzing: a config file is a Config or a ConfigError, never anything else ----------------
+
+config_keys = st.sampled_from(
+    ["listen", "host", "port", "policy", "policy_reload", "enabled", "interval_seconds",
+     "engines", "backends", "static", "dns", "name", "scheme", "models_refresh_seconds",
+     "health", "path", "timeout_seconds", "eject_after_failures", "timeouts",
+     "connect_seconds", "limits", "max_body_bytes", "max_attempts", "max_connections",
+     "header_timeout_seconds", "keepalive_timeout_seconds", "large_body_bytes",
+     "max_large_body_parses", "admin_token_env", "gossip", "peers", "tls", "cert_file",
+     "flow_control", "max_queue", "metrics_port", "drain", "grace_seconds", "api_key_env",
+     "url", "auth", "forwarding", "kv_events", "engine_metrics"]
+)  # fmt: skip
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**40), max_value=10**40)
+    | st.floats()
+    | st.text(max_size=12)
+    | st.sampled_from(["http://a:1", "a:1", "http", "/health", "lan"])
+)
+configs = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(config_keys | st.integers(), inner),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(configs.map(yaml.safe_dump), st.text(max_size=200)))
+def test_fuzz_config_any_file_config_or_config_error(text: str) -> None:
+    try:
+        got = load_config_text(text, "fuzz.yaml")
+    except ConfigError as e:
+        assert str(e).startswith("fuzz.yaml: ")
+        return
+    assert isinstance(got, Config)
+
+
+def test_kv_events_tokenizer_is_engine_or_a_path(tmp_path: Path) -> None:
+    def tokenizer(value: str) -> str:
+        data = {"backends": {"kv_events": {"port": 5557, "tokenizer": value}}}
+        return parse_config(data).engines.kv_events.tokenizer
+
+    assert tokenizer("engine") == "engine"
+    # A path is read where the gateway runs, when it starts (test_local_tokenizer_live).
+    assert tokenizer(str(tmp_path / "absent")) == str(tmp_path / "absent")
+    with pytest.raises(ConfigError, match=r"backends\.kv_events\.tokenizer: must be 'engine'"):
+        tokenizer(" ")

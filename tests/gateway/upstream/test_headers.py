@@ -1,0 +1,157 @@
+"""The proxy's pure helpers: header filtering, ``usage`` reading, the stream's usage tail."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from multidict import CIMultiDict
+
+from router.gateway.openai import sse
+from router.gateway.upstream.headers import UsageTail, client_headers, engine_headers, usage_counts
+
+
+def event(obj: Any, eol: bytes = b"\n") -> bytes:
+    return b"data: " + orjson.dumps(obj) + eol + eol
+
+
+def usage(prompt: int, cached: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def stream(n_tokens: int = 5, final: dict[str, Any] | None = None, eol: bytes = b"\n") -> bytes:
+    parts = [
+        event({"choices": [{"delta": {"content": f"t{i}"}}], "usage": None}, eol)
+        for i in range(n_tokens)
+    ]
+    if final is not None:
+        parts.append(event({"choices": [], "usage": final}, eol))
+    parts.append(b"data: [DONE]" + eol + eol)
+    return b"".join(parts)
+
+
+def tail_of(data: bytes, cuts: list[int], keep: int = 16384) -> UsageTail:
+    t = UsageTail(keep)
+    bounds = [0, *sorted(c % (len(data) + 1) for c in cuts), len(data)]
+    for a, b in itertools.pairwise(bounds):
+        if b > a:
+            t.feed(data[a:b])
+    return t
+
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"], ids=["lf", "crlf", "cr"])
+def test_usage_tail_final_usage_event_found(eol: bytes) -> None:
+    assert tail_of(stream(final=usage(120, 96), eol=eol), []).usage() == (120, 96)
+
+
+def test_usage_tail_none_without_usage_event() -> None:
+    assert tail_of(stream(final=None), []).usage() is None
+
+
+def test_usage_tail_last_of_continuous_usage_wins() -> None:
+    data = event({"usage": usage(10, 0)}) + event({"usage": usage(10, 8)}) + sse.DONE
+    assert tail_of(data, []).usage() == (10, 8)
+
+
+def test_usage_tail_long_stream_keeps_only_the_end() -> None:
+    data = stream(n_tokens=2000, final=usage(7, 3))
+    t = tail_of(data, list(range(0, len(data), 97)), keep=4096)
+    assert t.usage() == (7, 3)
+
+
+def test_usage_tail_cut_inside_usage_event_gives_up() -> None:
+    big = {"choices": [], "usage": usage(7, 3), "pad": "x" * 5000}
+    data = event(big) + sse.DONE
+    assert tail_of(data, list(range(0, len(data), 100)), keep=1000).usage() is None
+
+
+def test_usage_tail_quoted_usage_in_content_ignored() -> None:
+    data = event({"choices": [{"delta": {"content": 'say "usage" now'}}]}) + sse.DONE
+    assert tail_of(data, []).usage() is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=10_000), max_size=12))
+def test_usage_tail_any_chunking_same_answer(cuts: list[int]) -> None:
+    data = stream(n_tokens=12, final=usage(300, 256))
+    assert tail_of(data, cuts).usage() == (300, 256)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (usage(10, 4), (10, 4)),
+        ({"prompt_tokens": 10}, None),
+        ({"prompt_tokens": 10, "prompt_tokens_details": None}, None),
+        ({"prompt_tokens": True, "prompt_tokens_details": {"cached_tokens": 1}}, None),
+        ({"prompt_tokens": -1, "prompt_tokens_details": {"cached_tokens": 0}}, None),
+        (None, None),
+        ("usage", None),
+    ],
+)
+def test_usage_counts_needs_both_figures(value: Any, expected: tuple[int, int] | None) -> None:
+    assert usage_counts(value) == expected
+
+
+def test_engine_headers_no_forwarded_for_without_peer_or_chain() -> None:
+    got = dict(engine_headers(CIMultiDict({"Content-Type": "application/json"}), None))
+    assert got == {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+
+
+def test_engine_headers_forwarded_for_chain_joined_behind_a_trusted_proxy() -> None:
+    h = CIMultiDict([("X-Forwarded-For", "1.1.1.1"), ("X-Forwarded-For", "2.2.2.2")])
+    got = dict(engine_headers(h, "10.0.0.9", trust_forwarding=True))
+    assert got["X-Forwarded-For"] == "1.1.1.1, 2.2.2.2, 10.0.0.9"
+
+
+CLIENT = CIMultiDict(
+    [
+        ("Authorization", "Bearer sk-client"),
+        ("Cookie", "session=1"),
+        ("X-Forwarded-For", "6.6.6.6"),
+        ("X-Real-IP", "6.6.6.6"),
+        ("Forwarded", "for=6.6.6.6"),
+        ("X-Forwarded-Host", "evil"),
+        ("Content-Type", "application/json"),
+    ]
+)
+
+
+def test_engine_headers_default_strips_client_credentials_and_spoofable_forwarding() -> None:
+    got = dict(engine_headers(CLIENT, "10.0.0.9"))
+    assert got == {
+        "Content-Type": "application/json",
+        "X-Forwarded-For": "10.0.0.9",  # the peer the gateway saw, nothing the client wrote
+        "Accept-Encoding": "identity",
+    }
+
+
+def test_engine_headers_configured_to_pass_them() -> None:
+    got = dict(engine_headers(CLIENT, "10.0.0.9", pass_credentials=True, trust_forwarding=True))
+    assert got["Authorization"] == "Bearer sk-client" and got["Cookie"] == "session=1"
+    assert got["X-Real-IP"] == "6.6.6.6" and got["Forwarded"] == "for=6.6.6.6"
+    assert got["X-Forwarded-For"] == "6.6.6.6, 10.0.0.9"
+
+
+def test_client_headers_drop_hop_by_hop_and_length() -> None:
+    h = CIMultiDict(
+        {
+            "Content-Type": "text/event-stream",
+            "Content-Length": "10",
+            "Transfer-Encoding": "chunked",
+            "Connection": "close, X-Hop",
+            "X-Hop": "1",
+            "X-Request-Id": "r1",
+        }
+    )
+    got = client_headers(h)
+    assert dict(got) == {"Content-Type": "text/event-stream", "X-Request-Id": "r1"}
+
+
+def test_client_headers_repeated_kept() -> None:
+    h = CIMultiDict([("Set-Cookie", "a=1"), ("Set-Cookie", "b=2")])
+    assert client_headers(h).getall("Set-Cookie") == ["a=1", "b=2"]
