@@ -1,4 +1,4 @@
-"""Helpers for the Helm chart and Dockerfile tests: render, validate, parse; no cluster, no network.
+"""Helpers for the Helm chart tests: render, validate, parse; no cluster, no network.
 
 Rendering and linting run Helm's own Go library in-process (helm-python-sdk); manifests are
 checked against the Kubernetes OpenAPI schemas shipped inside kubernetes-validate. The router's
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +20,11 @@ import helm_python
 import yaml
 from helm_python import _native
 
+from router import presets
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = ROOT / "helm" / "kvrouter"
 CI_VALUES = sorted((CHART_DIR / "ci").glob("*-values.yaml"))
-DOCKERFILE = ROOT / "Dockerfile"
-DOCKERIGNORE = ROOT / ".dockerignore"
 
 RELEASE = "edge"
 NAMESPACE = "inference"
@@ -129,7 +129,8 @@ ROUTER_CONFIG_KEYS = frozenset(
         "drain",
     }
 )
-POLICY_PRESETS = ("kv-aware", "round-robin", "least-load", "consistent-hash")
+# The presets the chart ships: the router's own (tests check that the files are the same bytes).
+POLICY_PRESETS = presets.NAMES
 
 
 def series_names(metrics: Mapping[str, str] = ROUTER_METRICS) -> frozenset[str]:
@@ -283,6 +284,21 @@ def scenarios() -> list[tuple[str, dict[str, Any]]]:
     return cases
 
 
+SCENARIOS = scenarios()
+SCENARIO_IDS = [name for name, _ in SCENARIOS]
+
+
+@cache
+def rendered(scenario: str) -> Rendered:
+    """The render of scenario ``scenario`` (an id of ``SCENARIO_IDS``), made once per session."""
+    return render(dict(SCENARIOS)[scenario])
+
+
+def values_of(scenario: str) -> dict[str, Any]:
+    """The values scenario ``scenario`` overrides."""
+    return dict(SCENARIOS)[scenario]
+
+
 def lint_findings(values: Mapping[str, Any] | None = None) -> list[str]:
     """`helm lint --strict` findings at warning level or worse, as readable lines."""
     report = helm_python.lint(CHART_DIR, dict(values) if values else None, strict=True)
@@ -351,110 +367,3 @@ def dashboard_queries(dashboard: Mapping[str, Any]) -> Iterator[tuple[str, str]]
         if var.get("type") == "query":
             query = var["query"]
             yield f"variable {var['name']}", query["query"] if isinstance(query, dict) else query
-
-
-# --- Dockerfile -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Instruction:
-    """One Dockerfile instruction: its keyword (upper case) and its argument text."""
-
-    keyword: str
-    args: str
-
-    def exec_form(self) -> list[str]:
-        """Arguments of ENTRYPOINT/CMD in exec (JSON) form, or the shell form split."""
-        text = self.args.strip()
-        if text.startswith("["):
-            parsed: list[str] = json.loads(text)
-            return parsed
-        return shlex.split(text)
-
-
-@dataclass
-class Stage:
-    """A build stage: its base image, its name (if any) and its instructions."""
-
-    base: str
-    name: str | None
-    instructions: list[Instruction] = field(default_factory=list)
-
-    def runs(self) -> list[str]:
-        return [i.args for i in self.instructions if i.keyword == "RUN"]
-
-    def last(self, keyword: str) -> Instruction | None:
-        found = [i for i in self.instructions if i.keyword == keyword]
-        return found[-1] if found else None
-
-
-def parse_dockerfile(text: str) -> list[Stage]:
-    """Split a Dockerfile into stages (line continuations joined, comments dropped)."""
-    logical: list[str] = []
-    pending = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("#") or (not line and not pending):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1].rstrip() + " "
-            continue
-        logical.append(pending + line)
-        pending = ""
-    if pending:
-        logical.append(pending)
-    stages: list[Stage] = []
-    for line in logical:
-        keyword, _, args = line.partition(" ")
-        keyword = keyword.upper()
-        if keyword == "FROM":
-            words = [w for w in args.split() if not w.startswith("--platform")]
-            name = words[2] if len(words) >= 3 and words[1].lower() == "as" else None
-            stages.append(Stage(base=words[0], name=name))
-        elif stages:
-            stages[-1].instructions.append(Instruction(keyword, args.strip()))
-        elif keyword != "ARG":
-            raise AssertionError(f"Dockerfile instruction before the first FROM: {line}")
-    return stages
-
-
-def dockerignore_excludes(patterns: Sequence[str], path: str) -> bool:
-    """Whether Docker leaves ``path`` (relative, with /) out of the build context.
-
-    The last matching pattern wins; ``!`` re-includes; a pattern that matches a folder covers
-    everything inside it; ``**`` spans folders.
-    """
-
-    def matches(pattern: str) -> bool:
-        regex = _glob_regex(pattern)
-        parts = path.split("/")
-        return any(re.fullmatch(regex, "/".join(parts[: n + 1])) for n in range(len(parts)))
-
-    excluded = False
-    for raw in patterns:
-        pattern = raw.strip()
-        if not pattern or pattern.startswith("#"):
-            continue
-        negate = pattern.startswith("!")
-        pattern = pattern.lstrip("!").strip().strip("/")
-        if matches(pattern):
-            excluded = not negate
-    return excluded
-
-
-def _glob_regex(pattern: str) -> str:
-    """A .dockerignore pattern as a regular expression over a relative path."""
-    out: list[str] = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        else:
-            ch = pattern[i]
-            out.append("[^/]*" if ch == "*" else "[^/]" if ch == "?" else re.escape(ch))
-            i += 1
-    return "".join(out)

@@ -1,0 +1,1 @@
+"""Tests of the container image: the Dockerfile and .dockerignore, read as text."""
