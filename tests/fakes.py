@@ -5,6 +5,9 @@ probes and model lists, and answers proxied requests from a queue of ``Script`` 
 request; an empty queue answers normally: an OpenAI response with usage, streamed when the body
 asks for it). Every response it hands out is tracked, so a test can check that each one was
 released or aborted, and which engine saw which request bytes.
+
+The tests' one clock is ``router.gossip.clock.ManualClock``: the gossip layer takes it as its
+``Clock``, and calling it gives the ``Callable[[], float]`` the gateway takes.
 """
 
 from __future__ import annotations
@@ -195,16 +198,3 @@ class FakeUpstream:
 
     async def close(self) -> None:
         self.closed = True
-
-
-class FakeClock:
-    """A clock tests move by hand."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds

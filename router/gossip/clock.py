@@ -2,7 +2,9 @@
 
 ``SystemClock`` is the event loop's clock. ``ManualClock`` is virtual time: sleepers wake only
 when ``advance`` moves the clock past their deadline, so many replicas in one process run a
-minute of gossip in a fraction of a second, the same way every time.
+minute of gossip in a fraction of a second, the same way every time. It is every test's clock:
+called, it reads ``now()``, so it also stands where the gateway takes a ``Callable[[], float]``
+and its ``now()`` is the float the core takes.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class ManualClock:
         self._order = itertools.count()
 
     def now(self) -> float:
+        return self._now
+
+    def __call__(self) -> float:
         return self._now
 
     def wall(self) -> float:

@@ -20,8 +20,9 @@ from router.gateway.fleet.pool import (
     url_for,
 )
 from router.gateway.openai.errors import NoEngine, NotFound
+from router.gossip.clock import ManualClock
 from router.presets import preset_path
-from tests.fakes import FakeClock, FakeEngine, FakeUpstream
+from tests.fakes import FakeEngine, FakeUpstream
 
 CFG = HealthConfig(
     eject_after_failures=3, readmit_backoff_seconds=5, readmit_backoff_max_seconds=20
@@ -120,10 +121,10 @@ class Engines:
 
 def pool_of(
     *engines: FakeEngine, dns: DnsEngines | None = None, static: tuple[str, ...] | None = None
-) -> tuple[EnginePool, FakeUpstream, Engines, FakeClock]:
+) -> tuple[EnginePool, FakeUpstream, Engines, ManualClock]:
     up = FakeUpstream(*engines)
     calls = Engines()
-    clock = FakeClock()
+    clock = ManualClock()
     cfg = EngineSources(static=tuple(e.url for e in engines) if static is None else static, dns=dns)
     return EnginePool(cfg, CFG, up, calls, clock=clock), up, calls, clock
 
@@ -175,7 +176,7 @@ async def test_pool_ejected_not_candidate_index_kept_readmitted_after_backoff() 
     assert router.index.blocks(A) == 3  # kept while ejected
     await pool.probe_all()  # healthy again, but the backoff has not passed
     assert pool.candidates("m") == (B,)
-    clock.advance(CFG.readmit_backoff_seconds)
+    await clock.advance(CFG.readmit_backoff_seconds)
     await pool.probe_all()
     assert pool.candidates("m") == (A, B)
     assert len(up.unfinished()) == 0

@@ -19,8 +19,9 @@ from router.gateway.fleet.scrape import (
     MetricsParseError,
     parse_report,
 )
+from router.gossip.clock import ManualClock
 from router.presets import preset_path
-from tests.fakes import FakeClock, FakeEngine, FakeUpstream
+from tests.fakes import FakeEngine, FakeUpstream
 from tests.support import Proc, http_json, metric, running, start_kvrouter, wait_until
 
 # Written from the engines' documented metric names, in the shape their servers print them.
@@ -187,7 +188,7 @@ A, B = "http://a:1", "http://b:1"
 
 
 async def test_scraper_reports_reach_the_core_and_failures_are_counted() -> None:
-    clock = FakeClock(10.0)
+    clock = ManualClock(10.0)
     core = RoutingCore(load_policy(preset_path("kv-aware")))
     a = FakeEngine(A, metrics=(200, VLLM))
     b = FakeEngine(B, metrics=(200, b"not metrics"))
