@@ -7,7 +7,9 @@ test ends, whatever happened in it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import json
 import os
 import signal
@@ -17,10 +19,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -203,3 +205,52 @@ async def ametric(proc: Proc, name: str, **labels: str) -> float:
     """``metric`` without blocking the event loop (load runs on it meanwhile)."""
     async with aiohttp.ClientSession() as http, http.get(f"{proc.url}/metrics") as r:
         return metric_in(await r.text(), name, **labels)
+
+
+T = TypeVar("T")
+
+
+# The overloads are for mypy, which cannot split ``Awaitable[T] | T`` when the probe is a
+# coroutine function (it infers T as Never); they are plain defs returning the coroutine.
+@overload
+def eventually(
+    probe: Callable[[], Awaitable[T]], *, timeout: float = ..., interval: float = ...
+) -> Coroutine[Any, Any, T]: ...
+
+
+@overload
+def eventually(
+    probe: Callable[[], T], *, timeout: float = ..., interval: float = ...
+) -> Coroutine[Any, Any, T]: ...
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T] | T],
+    *,
+    timeout: float = 10.0,  # noqa: ASYNC109 - a polling budget, not a deadline to cancel at
+    interval: float = 0.05,
+) -> T:
+    """Call ``probe`` until it returns a truthy value (returned) or stops raising
+    AssertionError; at ``timeout`` seconds re-raise its last AssertionError, or raise one."""
+    deadline = time.monotonic() + timeout
+    last: AssertionError | None = None
+    # Bounded by count as well as by time, so the number of calls is known whatever the clock.
+    for _ in range(int(timeout / interval) + 1):
+        try:
+            result = probe()
+            if inspect.isawaitable(result):
+                result = await result
+        except AssertionError as e:
+            last = e
+        else:
+            # None is an assertion-style probe that passed; False, 0 or empty is "not yet".
+            if result or result is None:
+                return result
+            last = None
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(interval)
+    if last is not None:
+        raise last
+    what = getattr(probe, "__qualname__", repr(probe))
+    raise AssertionError(f"{what} did not hold within {timeout:g}s")

@@ -7,7 +7,6 @@ first token, so tests can build shared and unshared prefixes by count.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +18,7 @@ from router.core.blocks import CHARS_PER_TOKEN
 from router.enginesim.app import serving
 from router.enginesim.engine import DEFAULT_MODEL, SimSettings
 from router.gateway.openai.sse import Decoder, Event
+from tests.support import eventually
 
 MODEL = DEFAULT_MODEL
 FAST = SimSettings(fast=True)
@@ -81,13 +81,14 @@ async def stream_events(http: aiohttp.ClientSession, path: str, body: Any) -> li
 async def wait_for_stats(
     http: aiohttp.ClientSession, key: str, value: int, limit_s: float = 10.0
 ) -> dict[str, Any]:
-    """Poll /stats until ``key`` equals ``value`` (bounded); return the last stats."""
-    for _ in range(int(limit_s / 0.02)):
-        stats: dict[str, Any] = await get_json(http, "/stats")
-        if stats[key] == value:
-            return stats
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"/stats {key} never became {value}: {stats}")
+    """Poll /stats until ``key`` equals ``value`` (bounded); return those stats."""
+
+    async def stats() -> dict[str, Any]:
+        got: dict[str, Any] = await get_json(http, "/stats")
+        assert got[key] == value, f"/stats {key} is not {value}: {got}"
+        return got
+
+    return await eventually(stats, timeout=limit_s, interval=0.02)
 
 
 def payloads(events: list[Event]) -> list[dict[str, Any]]:

@@ -35,7 +35,7 @@ from router.enginesim.app import serving
 from router.enginesim.kv_publisher import EventSettings
 from router.local_tokenizer import LocalTokenizer
 from tests.enginesim.support import FAST, MODEL, chat, post, prompt
-from tests.support import free_port
+from tests.support import eventually, free_port
 from tests.tokenizer_files import write_tokenizer
 
 BLOCK = 4
@@ -57,14 +57,14 @@ async def publishing(
     try:
         async with serving(settings) as url, aiohttp.ClientSession(url) as http:
             sub.connect(f"tcp://127.0.0.1:{port}")
+
             # A SUB misses what is sent before its subscription arrives: reset until one lands.
-            for _ in range(200):
+            async def an_event_reached_the_subscriber() -> bool:
                 await post(http, "/reset", {})
-                if await sub.poll(50):
-                    await drain(sub)
-                    break
-            else:
-                raise AssertionError("no event reached the subscriber")
+                return bool(await sub.poll(50))
+
+            await eventually(an_event_reached_the_subscriber, interval=0.01)
+            await drain(sub)
             yield http, sub, f"tcp://127.0.0.1:{replay}"
     finally:
         sub.close(0)

@@ -1,16 +1,15 @@
 """Gossip over real grpc.aio servers on loopback: convergence, auth, TLS, failure detection.
 
-Waits are bounded (``eventually``) and nothing asserts on how long something took.
+Waits are bounded (``tests.support.eventually``) and nothing asserts on how long something took.
 """
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,10 +26,12 @@ from router.gossip.grpc_transport import transport_for
 from router.gossip.membership import State
 from router.gossip.node import GossipNode
 from router.gossip.wire import PROTOCOL_VERSION, pb
-from tests.support import LOOPBACK, free_port
+from tests.support import LOOPBACK, eventually, free_port
 
 SECRET = b"grpc-test-secret-0123456789"
 LIMITS = IndexLimits(engine_capacity_blocks=4096)
+# Seconds any wait may take: real gRPC servers on a machine busy with other tests.
+WAIT = 15.0
 
 
 @dataclass
@@ -94,15 +95,6 @@ async def nodes() -> AsyncIterator[Nodes]:
         await n.stop_all()
 
 
-async def eventually(check: Callable[[], bool], limit: float = 15.0) -> bool:
-    """Poll ``check`` every 20 ms for at most ``limit`` seconds."""
-    for _ in range(int(limit / 0.02)):
-        if check():
-            return True
-        await asyncio.sleep(0.02)
-    return check()
-
-
 def alive_peers(p: Peer) -> int:
     return p.node.stats().peers["alive"]
 
@@ -116,13 +108,15 @@ async def test_grpc_three_nodes_share_deltas_and_load(nodes: Nodes) -> None:
     b = await nodes.start("b", seeds=(a.address,))
     c = await nodes.start("c", seeds=(b.address,))
     peers = [a, b, c]
-    assert await eventually(lambda: all(alive_peers(p) == 2 for p in peers))
+    await eventually(lambda: all(alive_peers(p) == 2 for p in peers), timeout=WAIT)
     b.bridge.queue(b.index.record("engine", [1, 2, 3], 0.0))
     c.loads.acquire("engine", 64)
-    assert await eventually(
-        lambda: all(set(p.index.export_keys("engine")) == {1, 2, 3} for p in peers)
+    await eventually(
+        lambda: all(set(p.index.export_keys("engine")) == {1, 2, 3} for p in peers), timeout=WAIT
     )
-    assert await eventually(lambda: all(p.loads.total("engine") == Load(1, 64) for p in peers))
+    await eventually(
+        lambda: all(p.loads.total("engine") == Load(1, 64) for p in peers), timeout=WAIT
+    )
     assert a.node.stats().counters.bytes_in > 0
 
 
@@ -130,7 +124,7 @@ async def test_grpc_wrong_secret_refused_counted_not_merged(nodes: Nodes) -> Non
     a = await nodes.start("a")
     rogue = await nodes.start("rogue", seeds=(a.address,), secret=b"some-other-secret-987654")
     rogue.bridge.queue(rogue.index.record("engine", [9], 0.0))
-    assert await eventually(lambda: a.node.stats().counters.refused_mac >= 2)
+    await eventually(lambda: a.node.stats().counters.refused_mac >= 2, timeout=WAIT)
     assert [m.id for m in a.node.members()] == ["a"]
     assert a.index.export_keys("engine") == []
     assert rogue.node.stats().counters.call_failures >= 1
@@ -220,16 +214,16 @@ async def test_grpc_stopped_node_dead_restarted_node_alive(nodes: Nodes) -> None
     a = await nodes.start("a")
     b = await nodes.start("b", seeds=(a.address,))
     c = await nodes.start("c", seeds=(a.address,))
-    assert await eventually(lambda: all(alive_peers(p) == 2 for p in (a, b, c)))
+    await eventually(lambda: all(alive_peers(p) == 2 for p in (a, b, c)), timeout=WAIT)
     c.loads.acquire("engine", 5)
-    assert await eventually(lambda: a.loads.total("engine") == Load(1, 5))
+    await eventually(lambda: a.loads.total("engine") == Load(1, 5), timeout=WAIT)
     await c.node.stop(leave=False)
-    assert await eventually(
-        lambda: state_of(a, "c") is State.DEAD and state_of(b, "c") is State.DEAD
+    await eventually(
+        lambda: state_of(a, "c") is State.DEAD and state_of(b, "c") is State.DEAD, timeout=WAIT
     )
     assert a.loads.total("engine") == Load(0, 0)
     back = await nodes.start("c", port=c.port, seeds=(a.address,))
-    assert await eventually(lambda: all(state_of(p, "c") is State.ALIVE for p in (a, b)))
+    await eventually(lambda: all(state_of(p, "c") is State.ALIVE for p in (a, b)), timeout=WAIT)
     assert back.node.stats().incarnation >= 1
 
 
@@ -295,9 +289,9 @@ async def test_grpc_mutual_tls_peers_converge_outsider_refused(
     tls, outsider_tls = _make_certs(tmp_path)
     a = await nodes.start("a", secret=None, tls=tls)
     b = await nodes.start("b", seeds=(a.address,), secret=None, tls=tls)
-    assert await eventually(lambda: alive_peers(a) == 1 and alive_peers(b) == 1)
+    await eventually(lambda: alive_peers(a) == 1 and alive_peers(b) == 1, timeout=WAIT)
     a.bridge.queue(a.index.record("engine", [4, 5], 0.0))
-    assert await eventually(lambda: set(b.index.export_keys("engine")) == {4, 5})
+    await eventually(lambda: set(b.index.export_keys("engine")) == {4, 5}, timeout=WAIT)
     outsider = await nodes.start("outsider", seeds=(a.address,), secret=None, tls=outsider_tls)
-    assert await eventually(lambda: outsider.node.stats().counters.call_failures >= 3)
+    await eventually(lambda: outsider.node.stats().counters.call_failures >= 3, timeout=WAIT)
     assert {m.id for m in a.node.members()} == {"a", "b"}
