@@ -30,6 +30,7 @@ from router.presets import preset_path
 from tests.support import (
     Proc,
     ametric,
+    eventually,
     http_json,
     metric,
     metrics_text,
@@ -354,11 +355,12 @@ def replace_file(path: Path, text: str) -> None:
 
 
 async def _wait_metric(router: Proc, name: str, value: float, labels: dict[str, str]) -> None:
-    for _ in range(300):
-        if await ametric(router, name, **labels) >= value:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{name}{labels} never reached {value}")
+    async def reached() -> bool:
+        got = await ametric(router, name, **labels)
+        assert got >= value, f"{name}{labels} is {got}, not yet {value}"
+        return True
+
+    await eventually(reached, timeout=15)
 
 
 async def test_hot_reload_under_load_all_succeed(fleet: Fleet) -> None:
@@ -372,16 +374,14 @@ async def test_hot_reload_under_load_all_succeed(fleet: Fleet) -> None:
     results: list[int] = []
     load = asyncio.create_task(_load(fleet.router, stop, results))
     try:
-        await asyncio.sleep(0.2)
+        await eventually(lambda: results or load.done())  # the load is running
         replace_file(fleet.policy, preset_path("least-load").read_text())
         await _wait_metric(fleet.router, name, success0 + 1, ok)
         replace_file(fleet.policy, "name: broken\nscorers: [{type: load, weight: -1}]\n")
         await _wait_metric(fleet.router, name, error0 + 1, bad)
         n = len(results)
-        for _ in range(200):  # routing goes on under the old policy
-            if len(results) >= n + 8:
-                break
-            await asyncio.sleep(0.02)
+        # Routing goes on under the old policy (unless the load already sent all it had to).
+        await eventually(lambda: len(results) >= n + 8 or load.done())
         replace_file(fleet.policy, original)
         await _wait_metric(fleet.router, name, success0 + 2, ok)
         fleet.router.popen.send_signal(signal.SIGHUP)  # forces a reload of unchanged content

@@ -30,6 +30,7 @@ from tests.support import (
     ROOT,
     Proc,
     ametric,
+    eventually,
     free_port,
     http_json,
     metric,
@@ -243,25 +244,20 @@ async def test_replica_killed_under_load_survivors_mark_it_dead_no_request_fails
     load = Load()
     task = asyncio.create_task(drive([a, b], load, limit=2000))
     try:
-        for _ in range(1000):
-            if len(load.results) >= 20 or task.done():
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(load.results) >= 20 or task.done(), interval=0.01)
         fleet.kill("c")
         seen_dead: set[str] = set()
-        for _ in range(300):
+
+        async def the_survivors_declared_it_dead() -> bool:
             for name, proc in (("a", a), ("b", b)):
                 if await ametric(proc, PEERS, state="dead") >= 1:
                     seen_dead.add(name)
-            if seen_dead == {"a", "b"}:
-                break
-            await asyncio.sleep(0.05)
-        assert seen_dead == {"a", "b"}, "the survivors never declared the killed replica dead"
+            return seen_dead == {"a", "b"}
+
+        await eventually(the_survivors_declared_it_dead, timeout=15)
         after = len(load.results)
-        for _ in range(1000):  # the survivors go on serving once they know
-            if len(load.results) >= after + 20 or task.done():
-                break
-            await asyncio.sleep(0.01)
+        # The survivors go on serving once they know.
+        await eventually(lambda: len(load.results) >= after + 20 or task.done(), interval=0.01)
     finally:
         load.stop.set()
         await task
@@ -275,7 +271,7 @@ async def test_replica_killed_under_load_survivors_mark_it_dead_no_request_fails
         got = http_json(f"{fleet.replicas[name].live.url}/debug/route", body, ADMIN)
         return all(c["inflight_requests"] == 0 for c in got["candidates"])
 
-    wait_until(lambda: idle("a") and idle("b"), "fleet-wide load back to zero")
+    await eventually(lambda: idle("a") and idle("b"), timeout=20)  # fleet-wide load back to zero
 
 
 def test_replica_restarted_catches_up_on_what_was_routed_while_it_was_down(

@@ -19,6 +19,7 @@ import pytest
 from tests.support import (
     CHECKOUT_KVROUTER,
     ametric,
+    eventually,
     free_port,
     http_json,
     metric_in,
@@ -78,12 +79,12 @@ async def test_stop_cuts_what_outlives_the_grace_period_with_clean_errors(
         conn = aiohttp.TCPConnector(limit=3)
         async with aiohttp.ClientSession(connector=conn) as http:
             hanging = asyncio.create_task(_post(http, f"{router.url}{CHAT}", chat("wait")))
-            for _ in range(200):  # bounded: the hang is armed for the first request only
-                if await ametric(router, "kvrouter_backend_inflight_requests") == 1:
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                pytest.fail("the first request never reached the engine")
+
+            # The hang is armed for the first request only.
+            async def the_first_request_reached_the_engine() -> bool:
+                return await ametric(router, "kvrouter_backend_inflight_requests") == 1
+
+            await eventually(the_first_request_reached_the_engine)
             stream = await http.post(
                 f"{router.url}{CHAT}", json=chat("talk", stream=True, max_tokens=400)
             )
@@ -94,14 +95,15 @@ async def test_stop_cuts_what_outlives_the_grace_period_with_clean_errors(
             async with http.get(f"{router.url}/ready") as r:
                 assert r.status == 200
             router.popen.send_signal(signal.SIGTERM)
-            for _ in range(100):  # bounded: the drain starts at once
+
+            async def ready_turned_503() -> bool:
                 async with http.get(f"{router.url}/ready") as r:
-                    if r.status == 503:
-                        assert r.headers.get("Connection", "").lower() == "close"
-                        break
-                await asyncio.sleep(0.05)
-            else:
-                pytest.fail("/ready never turned 503 after SIGTERM")
+                    if r.status != 503:
+                        return False
+                    assert r.headers.get("Connection", "").lower() == "close"
+                    return True
+
+            await eventually(ready_turned_503, timeout=5)  # the drain starts at once
             rest = await asyncio.wait_for(stream.content.read(), 60)
             status, body = await asyncio.wait_for(hanging, 60)
         events = [e for e in rest.split(b"\n\n") if e.startswith(b"data: {")]
