@@ -13,7 +13,11 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import io
+import re
 import sys
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -227,3 +231,131 @@ def test_only_the_runtime_imports_the_app() -> None:
         if _within(name, runtime) or name == f"{GATEWAY}.app":
             continue
         assert f"{GATEWAY}.app" not in every_import(name), f"{name} imports the app"
+
+
+# --- maps and references ----------------------------------------------------------------------
+
+
+def _docstring(name: str) -> str:
+    return ast.get_docstring(ast.parse(MODULES[name].read_text())) or ""
+
+
+PACKAGES = sorted(name for name, path in MODULES.items() if path.name == "__init__.py")
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_module_appears_in_its_package_map(package: str) -> None:
+    """Each package's docstring names each of its modules and sub-packages, as a word."""
+    doc = _docstring(package)
+    children = [n for n in MODULES if n.rpartition(".")[0] == package]
+    missing = [
+        n.rpartition(".")[2]
+        for n in sorted(children)
+        if not re.search(rf"(?<!\w){re.escape(n.rpartition('.')[2])}(?!\w)", doc)
+    ]
+    assert missing == [], f"{MODULES[package].relative_to(ROOT)}'s map does not name {missing}"
+
+
+# A dotted reference into the package (router.x.y, router.x.y.Name), and a class member written
+# as ``Class.member``, in a docstring or a comment.
+DOTTED_REF = re.compile(r"(?<![\w.])router(?:\.[A-Za-z_]\w*)+")
+MEMBER_REF = re.compile(r"``([A-Z]\w*)\.([A-Za-z_]\w*)(?:\(\))?``")
+
+
+def _prose(path: Path, pattern: re.Pattern[str]) -> Iterator[tuple[int, tuple[str, ...]]]:
+    """(line, groups) of every match of ``pattern`` in the module's docstrings and comments."""
+    text = path.read_text()
+    pieces: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        doc = ast.get_docstring(node, clean=False)
+        if doc is not None:
+            pieces.append((node.body[0].lineno, doc))
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            pieces.append((tok.start[0], tok.string))
+    for line, piece in pieces:
+        for m in pattern.finditer(piece):
+            yield line + piece.count("\n", 0, m.start()), m.groups() or (m.group(),)
+
+
+def _dotted_resolves(ref: str) -> bool:
+    parts = ref.split(".")
+    for n in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:n]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[n:]:
+            if not _has_member(obj, attr):
+                return False
+            obj = getattr(obj, attr, None)
+        return True
+    return False
+
+
+def _class_members(tree: ast.Module) -> dict[str, tuple[set[str], list[str]]]:
+    """Class name -> (names its body and its methods' ``self.x =`` define, its bases' names)."""
+    out: dict[str, tuple[set[str], list[str]]] = {}
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        names: set[str] = set()
+        for node in ast.walk(cls):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Name | ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.id if isinstance(node, ast.Name) else node.attr)
+        bases = [b.id if isinstance(b, ast.Name) else ast.unparse(b) for b in cls.bases]
+        out.setdefault(cls.name, (set(), []))
+        out[cls.name][0].update(names)
+        out[cls.name][1].extend(bases)
+    return out
+
+
+ROUTER_CLASSES: dict[str, tuple[set[str], list[str]]] = {}
+for _path in MODULES.values():
+    for _cls, (_names, _bases) in _class_members(ast.parse(_path.read_text())).items():
+        ROUTER_CLASSES.setdefault(_cls, (set(), []))
+        ROUTER_CLASSES[_cls][0].update(_names)
+        ROUTER_CLASSES[_cls][1].extend(_bases)
+
+
+def _router_class_has(cls: str, member: str, seen: frozenset[str] = frozenset()) -> bool:
+    if cls not in ROUTER_CLASSES or cls in seen:
+        return False
+    names, bases = ROUTER_CLASSES[cls]
+    return member in names or any(_router_class_has(b, member, seen | {cls}) for b in bases)
+
+
+def _has_member(obj: object, member: str) -> bool:
+    if hasattr(obj, member):
+        return True
+    annotated = (getattr(k, "__annotations__", {}) for k in getattr(obj, "__mro__", ()))
+    return any(member in a for a in annotated) or (
+        isinstance(obj, type) and _router_class_has(obj.__name__, member)
+    )
+
+
+def _member_resolves(module: str, cls: str, member: str) -> bool:
+    # The name as the module sees it (an import of a library's class), else a router class.
+    here = getattr(importlib.import_module(module), cls, None)
+    if isinstance(here, type):
+        return _has_member(here, member)
+    return _router_class_has(cls, member)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_every_docstring_and_comment_reference_resolves(name: str) -> None:
+    """``router.x.y[.Name]`` is a module (and a name in it); ``Class.member`` is a member."""
+    path = MODULES[name]
+    where = path.relative_to(ROOT)
+    broken = [
+        f"{where}:{line}: {ref}"
+        for line, (ref,) in _prose(path, DOTTED_REF)
+        if not _dotted_resolves(ref)
+    ] + [
+        f"{where}:{line}: {cls}.{member}"
+        for line, (cls, member) in _prose(path, MEMBER_REF)
+        if not _member_resolves(name, cls, member)
+    ]
+    assert broken == [], "references to names that do not exist: " + "; ".join(broken)

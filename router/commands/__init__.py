@@ -3,7 +3,8 @@
 - ``serve``: the gateway (router.gateway) in front of OpenAI-compatible engines.
 - ``simulate``: replay a trace through the routing core offline (``traces`` reads the files).
 - ``policy``: ``policy check``, validate policy files before they go live.
-- ``demo``: simulated engines and the gateway as real processes, round-robin against kv-aware.
+- ``demo``: simulated engines and the gateway as real processes, round-robin against kv-aware;
+  ``demo_kv_events``: ``demo --kv-events``, approximate routing against precise (KV events).
 
 ``engine-sim`` lives with the simulated engine, in router.enginesim.
 """

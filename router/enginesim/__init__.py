@@ -17,6 +17,8 @@ Modules, from the request inwards:
 - ``responses``: generation streams and bodies, embeddings and the model list, as vLLM shapes
   them.
 - ``metrics``: vLLM's metric names for ``/metrics``.
+- ``kv_publisher``: the prefix cache's stores and evictions published as vLLM's KV cache
+  events, with replay.
 - ``app``: the aiohttp app: routes, pacing of streams, faults, ``/stats`` and ``/reset``.
 - ``cli``: the ``engine-sim`` subcommand's options and process.
 """

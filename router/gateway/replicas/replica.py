@@ -4,7 +4,7 @@ Behind one Service each replica sees a share of the traffic. With gossip on, eac
 the blocks it records and its in-flight load per engine (``router.gossip``), so that every
 replica decides on the merged index and on the whole fleet's load:
 
-- local deltas (``Proxy.on_delta``) are queued for the next gossip round;
+- local deltas (an exchange's ``Services.publish``) are queued for the next gossip round;
 - remote deltas go to ``BlockIndex.apply`` with the gateway's own clock (TTL ages);
 - peers' load reports go to ``LoadBook.report``, which the decision sums with the local
   counters; a peer declared dead (or silent past the load TTL) is ``LoadBook.forget``-ten,
@@ -189,7 +189,7 @@ class Replica:
         )
 
     def queue(self, delta: Delta) -> None:
-        """Spread a delta the router recorded (``Proxy.on_delta``)."""
+        """Spread a delta the router recorded (``Services.publish`` is this method)."""
         self.bridge.queue(delta)
 
     def peers(self) -> Mapping[str, int]:
