@@ -65,7 +65,7 @@ def test_config_chart_shape_loads_every_field() -> None:
     assert c.gossip.secret_env == "KVROUTER_GOSSIP_SECRET" and c.gossip.tls.cert_file == ""
 
 
-def test_config_chart_shape_equals_defaults_but_backends() -> None:
+def test_config_chart_shape_equals_defaults_but_engines() -> None:
     c = load_config_text(CHART_SHAPE, "values.yaml")
     d = Config()
     assert (c.listen, c.policy_reload, c.health, c.timeouts, c.limits, c.gossip) == (
@@ -151,7 +151,7 @@ def test_config_unreadable_file_names_it(tmp_path: Path) -> None:
     ],
     ids=["trailing-slash", "case-default-port", "explicit-default", "v6", "v6-compressed", "path"],
 )
-def test_backend_url_normalised(text: str, url: str) -> None:
+def test_engine_url_normalised(text: str, url: str) -> None:
     assert engine_url(text) == url
 
 

@@ -26,7 +26,7 @@ health: {{interval_seconds: 0.5, timeout_seconds: 2, eject_after_failures: 2,
 """
 
 
-def test_backend_dns_name_resolves_to_engine_and_serves(tmp_path: Path, procs: list[Proc]) -> None:
+def test_dns_name_resolves_to_engine_and_serves(tmp_path: Path, procs: list[Proc]) -> None:
     engine = start_kvrouter(["engine-sim", "--fast", "--host", "127.0.0.1"], tmp_path)
     procs.append(engine)
     config = tmp_path / "serve.yaml"

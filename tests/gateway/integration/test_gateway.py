@@ -221,7 +221,7 @@ def test_openai_errors_404_400_413(fleet: Fleet) -> None:
     assert_inflight_zero(fleet.router)
 
 
-def test_prefix_routing_same_backend_engine_reports_cached_tokens(fleet: Fleet) -> None:
+def test_prefix_routing_same_engine_reports_cached_tokens(fleet: Fleet) -> None:
     before = {e.url: fleet.stats(e)["requests"] for e in fleet.engines}
     cached = []
     with fleet.client() as c:
@@ -251,7 +251,7 @@ def test_prefix_routing_same_backend_engine_reports_cached_tokens(fleet: Fleet) 
     [{"mode": "status", "status": 503}, {"mode": "hang"}],
     ids=["engine-503", "hang-first-byte-timeout"],
 )
-def test_fault_before_first_byte_retried_on_other_backend(
+def test_fault_before_first_byte_retried_on_other_engine(
     fleet: Fleet, fault: dict[str, Any]
 ) -> None:
     body = chat_body(f"retry me {fault['mode']}, a long question " * 40)
@@ -397,7 +397,7 @@ async def test_hot_reload_under_load_all_succeed(fleet: Fleet) -> None:
     assert_inflight_zero(fleet.router)
 
 
-# -- a backend killed under load -------------------------------------------------------------
+# -- an engine killed under load ------------------------------------------------------------
 
 
 @dataclass
@@ -438,7 +438,7 @@ async def _stream_load(router: Proc, outcomes: list[Outcome], total: int, kill: 
         await asyncio.gather(*(worker() for _ in range(6)))
 
 
-async def test_backend_killed_under_load_no_unstarted_request_fails(
+async def test_engine_killed_under_load_no_unstarted_request_fails(
     procs: list[Proc], tmp_path: Path
 ) -> None:
     # Timed engines (about 50 tokens/s), so that requests are in flight when one dies.
