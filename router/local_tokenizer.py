@@ -15,8 +15,8 @@ parts are joined with newlines (vLLM's "string" content format). Anything this c
 as the engine would (images, a list of prompts, no chat template) raises ``ValueError``, and
 the router keys that request on its text instead.
 
-``tokenizers.Tokenizer.encode`` holds the GIL; ``encode_batch_fast`` releases it while it works, so the
-gateway tokenizes on worker threads without stalling its event loop
+``tokenizers.Tokenizer.encode`` holds the GIL; ``encode_batch_fast`` releases it while it
+works, so the gateway tokenizes on worker threads without stalling its event loop
 (router.gateway.precise.tokenize).
 """
 

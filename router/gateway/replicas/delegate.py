@@ -1,10 +1,10 @@
 """The router's gossip delegate: a ``BlockIndex`` and a ``LoadBook`` behind a gossip node.
 
-The gateway calls ``queue(delta)`` with every delta that ``BlockIndex.record``, ``remove`` and
-``clear`` return; the node takes them each round. Remote deltas go to ``BlockIndex.apply``
-(the index decides how a delta merges), remote load and prefix heat to ``LoadBook.report``,
-and a dead or silent peer's load to ``LoadBook.forget``. Local load is read from
-``LoadBook.local_all`` and ``LoadBook.hottest`` when the node reports it.
+The gateway calls ``queue(delta)`` with every delta that ``BlockIndex.confirm`` and
+``BlockIndex.clear`` return; the node takes them each round. Remote deltas go to
+``BlockIndex.apply`` (the index decides how a delta merges), remote load and prefix heat to
+``LoadBook.report``, and a dead or silent peer's load to ``LoadBook.forget``. Local load is read
+from ``LoadBook.local_all`` and ``LoadBook.hottest`` when the node reports it.
 
 A restarted replica numbers its deltas from 1 again, so its index must use an origin that is
 new for every process run: build it with ``BlockIndex(limits, origin=run_origin(node_id))``.

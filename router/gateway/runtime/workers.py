@@ -1,9 +1,9 @@
 """``kvrouter serve --workers N``: N gateway processes on one port, routing as one fleet.
 
 One Python process spends about a millisecond of CPU per proxied request, on one core at most;
-several processes can use several cores. Each worker is a whole gateway (``router.commands.serve``)
-started with the ``spawn`` method: it listens on the same host:port with SO_REUSEPORT (the
-kernel spreads new connections over the workers) and is a gossip replica
+several processes can use several cores. Each worker is a whole gateway (``run_gateway``, as
+``kvrouter serve`` runs it) started with the ``spawn`` method: it listens on the same host:port
+with SO_REUSEPORT (the kernel spreads new connections over the workers) and is a gossip replica
 (``router.gateway.replicas.replica``), so that what one worker routes, and its in-flight load,
 reaches the others:
 

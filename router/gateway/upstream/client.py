@@ -14,7 +14,7 @@ this job before and took a quarter to a third of the gateway's CPU per streamed 
 (bench/RESULTS.md): a request, a status line and a few chunks need no session, cookie jar,
 tracing, redirects or per-request tasks.
 
-Timeouts other than connecting belong to the caller: the proxy knows whether it is waiting
+Timeouts other than connecting belong to the caller: the exchange knows whether it is waiting
 for a first byte or in the middle of a stream.
 """
 

@@ -1,6 +1,6 @@
-"""What crosses the proxy: which headers go each way, and the ``usage`` read from answers.
+"""What crosses the gateway: which headers go each way, and the ``usage`` read from answers.
 
-Pure functions over values, like ``router.gateway.openai.sse``: the proxy calls them, tests feed
+Pure functions over values, like ``router.gateway.openai.sse``: the exchange calls them, tests feed
 them bytes. The gateway reports the engines' prefix-cache hits from ``usage.prompt_tokens`` and
 ``usage.prompt_tokens_details.cached_tokens``: in a non-streamed answer's JSON, or in a
 stream's last usage event, found from the stream's tail without decoding the whole stream.

@@ -1,7 +1,7 @@
 """A replica's gossip settings and its glue to the routing core, in one process.
 
 ``gossip_config`` is checked table by table (flags, file, environment, defaults). Replicas are
-real ``Router`` + ``Replica`` pairs on the in-memory network and a virtual clock: what one
+real ``RoutingCore`` + ``Replica`` pairs on the in-memory network and a virtual clock: what one
 routes, the others route the same way; a dead peer's load leaves the books, its blocks stay.
 """
 
