@@ -65,7 +65,7 @@ def test_config_arg_scenario_is_a_mounted_configmap_key(scenario: str) -> None:
 
 
 # The chart's default is the router's, and every other preset is one value away.
-PRESET_CHOICES = [({}, presets.DEFAULT)] + [
+PRESET_CHOICES: list[tuple[dict[str, Any], str]] = [({}, presets.DEFAULT)] + [
     ({"policy": {"preset": name}}, name) for name in POLICY_PRESETS if name != presets.DEFAULT
 ]
 INLINE = "version: 1\nname: mine\n"
