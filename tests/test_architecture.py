@@ -8,6 +8,8 @@
   every import, function-local ones included.
 - A function-local import says why in a comment (on its line or the line above).
 - No hand-written module is much over 500 lines (540 at most).
+- Every module is named in its package's map, and every dotted name a docstring or comment
+  gives (``router.x.y``, ``Class.member``) exists.
 """
 
 from __future__ import annotations
