@@ -227,3 +227,14 @@ def test_only_the_runtime_imports_the_app() -> None:
         if _within(name, runtime) or name == f"{GATEWAY}.app":
             continue
         assert f"{GATEWAY}.app" not in every_import(name), f"{name} imports the app"
+
+
+def test_only_the_runtime_the_app_and_the_exchange_import_the_wiring() -> None:
+    # The composition root builds everything; below it, nothing may reach back up into it.
+    # The exchange takes its ``Services`` record from there, and imports nothing else of it.
+    wiring = f"{GATEWAY}.wiring"
+    allowed = {f"{GATEWAY}.app", f"{GATEWAY}.exchange"}
+    for name in MODULES:
+        if _within(name, f"{GATEWAY}.runtime") or name in allowed or name == wiring:
+            continue
+        assert wiring not in every_import(name), f"{name} imports the wiring"

@@ -26,8 +26,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.core.retry_budget import BudgetRules
-from router.gateway import exchange as exchange_module
-from router.gateway.app import Gateway, build_app
+from router.gateway.app import build_app
 from router.gateway.config.settings import (
     Config,
     DnsEngines,
@@ -37,9 +36,11 @@ from router.gateway.config.settings import (
     Timeouts,
 )
 from router.gateway.config.settings import Health as HealthConfig
+from router.gateway.inbound import body as body_module
 from router.gateway.openai import sse
 from router.gateway.upstream import relay as answer_module
 from router.gateway.upstream.deadline import Deadline
+from router.gateway.wiring import Gateway
 from tests.fakes import (
     SSE,
     FakeEngine,
@@ -761,7 +762,7 @@ async def test_session_affinity_keeps_a_session_on_one_backend(tmp_path: Path, h
 async def test_proxy_body_trickling_past_deadline_408(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(exchange_module, "BODY_READ_SECONDS", 0.1)
+    monkeypatch.setattr(body_module, "BODY_READ_SECONDS", 0.1)
     async with rig(tmp_path) as r:
 
         async def trickle() -> AsyncIterator[bytes]:
