@@ -279,7 +279,8 @@ class EventStream(web.StreamResponse):
     aiohttp's ``StreamResponse`` sends its head at ``prepare()``, one more syscall, TCP segment
     and client wake-up per stream than needed; ``web.Response`` holds its head back for the
     body through the class attribute below. It is private to aiohttp, so
-    tests/gateway/test_exchange.py pins that a stream's head and first event leave in one write.
+    tests/gateway/upstream/test_relay.py pins that a stream's head and first event leave in one
+    write.
     """
 
     _send_headers_immediately = False
