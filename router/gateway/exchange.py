@@ -16,7 +16,9 @@ and withdraws a prediction never recorded, so a failed attempt leaves no belief 
 Retries happen only while the client has no byte. A streamed answer (``text/event-stream``) is
 relayed chunk by chunk as it arrives; once it has started, a failure ends it with an
 OpenAI-style error event and a clean close. Any other answer is read whole first (so it can
-still be retried, and its ``usage`` read) and sent in one piece. A client that disconnects
+still be retried, and its ``usage`` read) and sent in one piece. Both relays are
+router.gateway.upstream.relay's; the exchange counts how each ended (``_streamed``,
+``_settle``), and every failed attempt in one place (``_failed``). A client that disconnects
 cancels the handler: the engine's connection is closed at once, which stops its generation.
 
 Requests go only to an engine's base URL (from config or DNS) plus the fixed API path of the
