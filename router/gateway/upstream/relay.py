@@ -197,10 +197,10 @@ async def held(request: web.Request, body: Body, first: bytes, budget: HoldBudge
     tail = UsageTail()
     tail.feed(first)
     parts, size = [first], len(first)
-    held = HOLD_BYTES if budget.take(HOLD_BYTES) else 0
+    reserved = HOLD_BYTES if budget.take(HOLD_BYTES) else 0
     try:
         complete = resp.finished()
-        while not complete and size <= held:
+        while not complete and size <= reserved:
             chunk = await body.next()
             if chunk:
                 parts.append(chunk)
@@ -226,7 +226,7 @@ async def held(request: web.Request, body: Body, first: bytes, budget: HoldBudge
             answer.client_gone = True
             return answer
     finally:
-        budget.give(held)
+        budget.give(reserved)
     parts.clear()
     return await _pass_on(request, answer, body)
 
