@@ -361,3 +361,14 @@ def test_every_docstring_and_comment_reference_resolves(name: str) -> None:
         if not _member_resolves(name, cls, member)
     ]
     assert broken == [], "references to names that do not exist: " + "; ".join(broken)
+
+
+def test_only_the_runtime_the_app_and_the_exchange_import_the_wiring() -> None:
+    # The composition root builds everything; below it, nothing may reach back up into it.
+    # The exchange takes its ``Services`` record from there, and imports nothing else of it.
+    wiring = f"{GATEWAY}.wiring"
+    allowed = {f"{GATEWAY}.app", f"{GATEWAY}.exchange"}
+    for name in MODULES:
+        if _within(name, f"{GATEWAY}.runtime") or name in allowed or name == wiring:
+            continue
+        assert wiring not in every_import(name), f"{name} imports the wiring"

@@ -4,19 +4,22 @@ One request, one ``exchange``; every sub-package serves it, and each opens with 
 
 - ``exchange``: one request's life in one place: read, parse, admit, decide, then per engine of
   the plan acquire, attempt, record on the first byte, relay, release.
-- ``app``: the aiohttp application, the ``Gateway`` state it serves, the read-only and admin
+- ``wiring``: the composition root: the ``Gateway`` built from the config (core, engine pool,
+  upstream, metrics, admission, precise mode, replica), and the ``Services`` every exchange uses.
+- ``app``: the aiohttp application over a ``Gateway``: the generation, read-only and admin
   routes, and the background loops it owns (each started and stopped by a cleanup context).
 - ``metrics``: the Prometheus registry the app owns (output; ``fleet.scrape`` is input).
 - ``openai/``: the protocol, no I/O: the request body parsed once, the error tree and its one
   renderer, Server-Sent Events framing. engine-sim imports only this package of the gateway.
-- ``inbound/``: the client's side: connections, API keys, admission (the fair queue in front of
-  a full fleet).
-- ``upstream/``: the engines' side: the one seam (``client``), its connections and HTTP/1.1
-  framing, the relay of answers back to the client, the headers and usage that cross, the
-  attempt's deadline.
+- ``inbound/``: the client's side: connections, API keys, the body read, the request id,
+  admission (the fair queue in front of a full fleet).
+- ``upstream/``: the engines' side: the one seam (``client``, where lower-layer failures become
+  the error tree), its connections and HTTP/1.1 framing, the streamed and held relays of answers
+  back to the client, the headers and usage that cross, the attempt's deadline.
 - ``fleet/``: which engines exist and how they are: the pool (static, DNS, health, models) and
   the scrape of their own load.
-- ``precise/``: precise mode: the engines' KV events and the request's token ids.
+- ``precise/``: precise mode: the engines' KV events, the request's token ids, and which
+  engines are precise.
 - ``replicas/``: this gateway as one replica of a gossiping fleet.
 - ``config/``: the config file's model, strict loading and overrides, the engines' API keys,
   hot reload of the policy file.
@@ -29,7 +32,8 @@ new scorer is a core plugin (router.core), never gateway code.
 
 Import rules (tests/test_architecture.py): ``openai`` imports nothing else of the gateway;
 ``upstream`` imports only ``openai``; ``fleet`` never imports ``inbound`` or ``exchange``; only
-``runtime`` imports ``app``.
+``runtime`` imports ``app``; only ``runtime``, ``app`` and ``exchange`` (for ``Services``) import
+``wiring``.
 
 Words used throughout: an *engine* is one inference server (``backend`` survives only in
 released contracts: ``--backend``, ``backends:``, ``/debug/backends``); a *route* is the URL

@@ -1,19 +1,11 @@
-"""The gateway's aiohttp application: state, handlers, and the background work it owns.
+"""The gateway's aiohttp application: its routes and the background work it owns.
 
-``Gateway`` wires the routing core to the I/O shell (engine pool, upstream, policy watcher,
-metrics); each generation request is one ``Exchange`` (router.gateway.exchange) over them.
-``build_app`` serves it: the OpenAI routes, the probes Kubernetes needs,
-``/metrics``, and admin endpoints behind a bearer token. Every background loop (health probes,
-model lists, DNS, the policy watcher, the engines' /metrics scraper) is started and stopped by a
-``cleanup_ctx``, so the app's shutdown cancels and awaits all of them.
-
-Build a ``Gateway`` inside a running event loop (its upstream opens an aiohttp session).
-
-With gossip configured, the gateway is one replica of a fleet (``router.gateway.replicas.replica``):
-the index gossips under a per-run origin, every ``Delta`` an exchange records is published to the
-gossip queue, remote deltas and loads merge into ``core.index`` and ``core.loads``,
-``gossip_peers`` and ``gossip_samples`` feed the ``kvrouter_gossip_*`` metrics, and the node
-runs in one more ``cleanup_ctx`` (the first started, the last stopped).
+``build_app`` serves a ``Gateway`` (router.gateway.wiring, the composition root): the OpenAI
+routes, each generation request one ``Exchange`` (router.gateway.exchange); the probes
+Kubernetes needs; ``/metrics``; and admin endpoints behind a bearer token. Every background
+loop (health probes, model lists, DNS, the policy watcher, the engines' /metrics scraper, the
+replica's gossip node) is started and stopped by a ``cleanup_ctx``, so the app's shutdown
+cancels and awaits all of them.
 """
 
 from __future__ import annotations
@@ -22,282 +14,26 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import os
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from router.core.decision import RoutingCore
-from router.core.kv_events import token_keys
-from router.core.load import EngineReport, Load
-from router.core.policy import Policy
-from router.core.retry_budget import BudgetRules, RetryBudget
-from router.gateway.config.engine_keys import EngineKeys
-from router.gateway.config.reload import PolicyWatcher, Result
-from router.gateway.config.settings import Config
-from router.gateway.exchange import (
-    Exchange,
-    Services,
-    decide,
-    id_header,
-    keep_local,
-    read_body,
-)
-from router.gateway.fleet.pool import EnginePool, Resolver, resolve_dns
-from router.gateway.fleet.scrape import EngineMetricsScraper
-from router.gateway.inbound.admission import Admission
-from router.gateway.inbound.auth import auth_middleware, load_keys
-from router.gateway.inbound.connections import Connections, no_banner, request_middleware
-from router.gateway.metrics import FleetView, Metrics
-from router.gateway.openai.errors import (
-    GatewayError,
-    NotFound,
-    Unauthorized,
-    error_middleware,
-)
-from router.gateway.openai.request import PROMPT_FIELD, BodyParser
-from router.gateway.precise.kv_events import EventMetrics, Subscriber
-from router.gateway.precise.tokenize import Tokenizer
-from router.gateway.replicas.delegate import run_origin
-from router.gateway.runtime.drain import Drain
-from router.gateway.upstream.client import HttpUpstream, Upstream
-from router.local_tokenizer import configured
-
-if TYPE_CHECKING:
-    from router.gateway.replicas.replica import Replica
-    from router.gossip import GossipConfig, Sample
+from router.gateway.exchange import Exchange, decide
+from router.gateway.inbound.auth import auth_middleware
+from router.gateway.inbound.body import read_body
+from router.gateway.inbound.connections import no_banner, request_middleware
+from router.gateway.inbound.request_id import id_header
+from router.gateway.openai.errors import NotFound, Unauthorized, error_middleware
+from router.gateway.openai.request import PROMPT_FIELD
+from router.gateway.wiring import Gateway
 
 log = logging.getLogger(__name__)
 
 # A crashed background loop is restarted after this pause instead of leaving the gateway blind.
 RESTART_PAUSE_S = 1.0
-
-
-class Gateway:
-    """The running gateway's state: routing core, engines, upstream, metrics."""
-
-    def __init__(
-        self,
-        config: Config,
-        policy_path: Path,
-        *,
-        upstream: Upstream | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        resolver: Resolver = resolve_dns,
-        environ: Mapping[str, str] = os.environ,
-        gossip: GossipConfig | None = None,
-    ) -> None:
-        self.config = config
-        self.clock = clock
-        # In-flight exchanges, and the stop's grace period (router.gateway.runtime.drain).
-        self.drain = Drain()
-        self.watcher = PolicyWatcher(
-            policy_path,
-            self._set_policy,
-            self._reloaded,
-            config.policy_reload.interval_seconds,
-            poll=config.policy_reload.enabled,
-        )
-        origin = "local"
-        if gossip is not None:
-            # Unique per process run: a restarted replica numbers its deltas from 1 again.
-            origin = run_origin(gossip.node_id)
-        # Raises PolicyError: the gateway does not start on a policy it cannot read.
-        self.core = RoutingCore(self.watcher.load_initial(), origin)
-        # Raises ConfigError: the gateway does not start without the engine keys it names.
-        keys = EngineKeys(config.engines, environ)
-        self.upstream: Upstream = upstream or HttpUpstream(
-            config.timeouts.connect_seconds, authorization=keys
-        )
-        # Peers by membership state, for kvrouter_gossip_peers; gossip replaces it.
-        self.gossip_peers: Callable[[], Mapping[str, int]] = lambda: {"alive": 0}
-        # The other kvrouter_gossip_* series; gossip replaces it.
-        self.gossip_samples: Callable[[], Iterable[Sample]] = lambda: ()
-        self.metrics = Metrics(
-            FleetView(
-                engines=self._engine_health,
-                local_load=self._local_load,
-                index_entries=lambda: len(self.core.index),
-                gossip_peers=lambda: self.gossip_peers(),
-                gossip=lambda: self.gossip_samples(),
-                connections_open=lambda: self.connections.open,
-                connections_rejected=lambda: self.connections.rejected,
-                engine_reports=self._engine_reports,
-                queue_depth=lambda: self.admission.depth(),
-            )
-        )
-        self.pool = EnginePool(
-            config.engines,
-            config.health,
-            self.upstream,
-            self._set_engines,
-            clock=clock,
-            resolver=resolver,
-        )
-        # The engines' own load, blended into the core's LoadBook (router.core.load).
-        em = config.engine_metrics
-        self.core.loads.stale_after = em.stale_after_seconds
-        self.engine_metrics = EngineMetricsScraper(
-            em,
-            self.upstream,
-            lambda: [url for url, b in self.pool.engines.items() if b.healthy],
-            self.core.loads.engine_report,
-            clock=clock,
-            count=lambda result: self.metrics.engine_scrapes.labels(result).inc(),
-        )
-        # Raises ConfigError: the gateway does not start with keys it cannot read.
-        self.api_keys = load_keys(config.auth.api_keys_file, config.auth.api_keys_env, environ)
-        # Admin endpoints exist only when the token's variable is set (read once, at start).
-        self.admin_token: str | None = environ.get(config.admin_token_env) or None
-        self.replica: Replica | None = None
-        if gossip is not None:
-            # grpc is loaded only when gossip is on
-            from router.gateway.replicas.replica import Replica
-
-            self.replica = Replica(gossip, self.core, now=clock)
-            self.gossip_peers = self.replica.peers
-            self.gossip_samples = self.replica.samples
-        self.admission = Admission(config.flow_control, self.core, self.metrics, clock=clock)
-        # Engines' KV cache events (router.gateway.precise.kv_events) and the token ids they need.
-        kv = config.engines.kv_events
-        self.core.bridge_seconds = kv.bridge_seconds
-        self.core.medium_weights = kv.medium_weights
-        self.event_metrics = EventMetrics(self.metrics.registry)
-        self._index_sources()
-        self.kv_events: Subscriber | None = None
-        self.tokenizer: Tokenizer | None = None
-        if kv.enabled:
-            self.kv_events = Subscriber(self.core, kv, self._healthy, self.event_metrics, clock)
-            self.tokenizer = Tokenizer(
-                kv.tokenize_timeout_seconds,
-                self._precise_engines,
-                self._tokenized,
-                upstream=self.upstream,  # the engines' API keys go with every call
-                local=configured(kv.tokenizer),  # raises ConfigError: no start without it
-                holds=self._held_whole,
-            )
-        # Client connections of this process: the cap and the header deadline (runtime).
-        self.connections = Connections(config.limits)
-        self.bodies = BodyParser(
-            config.limits.large_body_bytes,
-            config.limits.max_large_body_parses,
-            # The tokenizer sends the prompt's fields on to an engine's /tokenize.
-            keep_body=self.tokenizer is not None,
-        )
-        self.services = Services(
-            self.core,
-            self.pool,
-            self.upstream,
-            self.metrics,
-            config.timeouts,
-            config.limits,
-            self.admission,
-            config.forwarding,
-            RetryBudget(BudgetRules(ratio=config.limits.retry_budget_percent / 100)),
-            clock=clock,
-            publish=self.replica.queue if self.replica is not None else keep_local,
-            bodies=self.bodies,
-            tokenize=self.tokenizer,
-            drain=self.drain,
-        )
-
-    def _healthy(self) -> Mapping[str, bool]:
-        return {url: b.healthy for url, b in self.pool.engines.items()}
-
-    def _precise_engines(self, model: str) -> Sequence[str]:
-        """Healthy engines serving ``model`` whose KV events the index holds."""
-        try:
-            cands = self.pool.candidates(model)
-        except GatewayError:
-            return ()
-        return [e for e in cands if e in self.core.precise]
-
-    def _held_whole(self, model: str, lora: str | None, ids: Sequence[int]) -> bool:
-        """Whether a precise engine serving ``model`` holds every full block of ``ids``."""
-        core = self.core
-        by_size: dict[int, list[int]] = {}  # engines of one block size share their keys
-        for e in self._precise_engines(model):
-            size = core.precise[e]
-            keys = by_size.get(size)
-            if keys is None:
-                keys = by_size[size] = token_keys(ids, size, lora)
-            if keys and core.index.event_overlap(e, keys, lambda _m: 1.0)[0] == len(keys):
-                return True
-        return False
-
-    def _tokenized(self, seconds: float | None, ok: bool) -> None:
-        if seconds is not None:
-            self.event_metrics.tokenize.observe(seconds)
-        if not ok:
-            self.event_metrics.tokenize_failures.inc()
-
-    def _index_sources(self) -> None:
-        # Read at scrape time; the index itself is replaced when the block size changes.
-        g = self.event_metrics.entries
-        g.labels("event").set_function(self._event_entries)
-        g.labels("predicted").set_function(lambda: float(len(self.core.predictions)))
-        g.labels("approximate").set_function(
-            lambda: float(len(self.core.index)) - self._event_entries() - len(self.core.predictions)
-        )
-
-    def _event_entries(self) -> float:
-        return float(self.core.index.event_blocks())
-
-    def _set_policy(self, policy: Policy) -> None:
-        # One assignment on the event loop: requests in flight keep their decisions, and the
-        # loads they took are released into the same LoadBook.
-        self.core.set_policy(policy)
-
-    def _reloaded(self, result: Result) -> None:
-        self.metrics.reloads.labels(result).inc()
-
-    def _set_engines(self, weights: Mapping[str, int]) -> None:
-        self.core.set_engines(weights)
-        self.metrics.forget_engines(weights)
-        for url in self.core.loads.reporting_engines():
-            if url not in weights:
-                self.core.loads.drop_engine_report(url)
-
-    def _engine_health(self) -> Iterable[tuple[str, bool]]:
-        return [(url, b.healthy) for url, b in self.pool.engines.items()]
-
-    def _local_load(self, engine: str) -> Load:
-        return self.core.loads.local(engine)
-
-    def _engine_reports(self) -> Iterable[tuple[str, EngineReport]]:
-        now = self.clock()
-        for url in self.pool.engines:
-            report = self.core.loads.reported(url, now)
-            if report is not None:
-                yield url, report
-
-    async def kv_events_loop(self) -> None:
-        """Subscribe to the engines' KV events while the app runs."""
-        if self.kv_events is not None:
-            await self.kv_events.run()
-
-    async def tokenizer_check_loop(self) -> None:
-        """Check the local tokenizer against each precise engine (Tokenizer.check_loop)."""
-        if self.tokenizer is not None:
-            await self.tokenizer.check_loop(self._precise_models)
-
-    def _precise_models(self) -> list[tuple[str, str]]:
-        """(URL, a model it serves) of each healthy engine whose KV events the index holds."""
-        engines = (self.pool.engines.get(url) for url in self.core.precise)
-        return [(e.url, next(iter(e.models))) for e in engines if e and e.healthy and e.models]
-
-    def ready(self) -> tuple[bool, str]:
-        """Readiness and why: a policy is loaded and at least one engine is healthy."""
-        if self.drain.started:
-            return False, "shutting down"
-        if not self.pool.ready():
-            return False, "no healthy engine yet"
-        return True, "ready"
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -16,7 +16,9 @@ and withdraws a prediction never recorded, so a failed attempt leaves no belief 
 Retries happen only while the client has no byte. A streamed answer (``text/event-stream``) is
 relayed chunk by chunk as it arrives; once it has started, a failure ends it with an
 OpenAI-style error event and a clean close. Any other answer is read whole first (so it can
-still be retried, and its ``usage`` read) and sent in one piece. A client that disconnects
+still be retried, and its ``usage`` read) and sent in one piece. Both relays are
+router.gateway.upstream.relay's; the exchange counts how each ended (``_streamed``,
+``_settle``), and every failed attempt in one place (``_failed``). A client that disconnects
 cancels the handler: the engine's connection is closed at once, which stops its generation.
 
 Requests go only to an engine's base URL (from config or DNS) plus the fixed API path of the
@@ -26,53 +28,35 @@ route; nothing in a request (path, query string, headers) chooses where it is se
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
-import re
-import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 
 from aiohttp import web
 
-from router.core.decision import Decision, Lease, RoutingCore, TokenPrompt
-from router.core.index import Delta
-from router.core.retry_budget import RetryBudget
-from router.gateway.config.settings import Forwarding, Limits, Timeouts
-from router.gateway.fleet.pool import EnginePool
-from router.gateway.inbound.admission import Admission, priority_of, tenant_of
+from router.core.decision import Decision, Lease, TokenPrompt
+from router.gateway.inbound.admission import priority_of, tenant_of
 from router.gateway.inbound.auth import KEY_NAME
-from router.gateway.metrics import Metrics
+from router.gateway.inbound.body import read_body
+from router.gateway.inbound.request_id import REQUEST_ID, request_id
 from router.gateway.openai.errors import (
-    BodyTimeout,
-    BodyTooLarge,
     EngineRefused,
     FirstByteTimeout,
     GatewayError,
-    IdleStreamTimeout,
     NoEngine,
-    ResponseTooLarge,
     ShuttingDown,
     UpstreamError,
     UpstreamStatus,
     error_response,
     stream_error,
 )
-from router.gateway.openai.request import BodyParser, Inbound, session_of
-from router.gateway.runtime.drain import Drain
-from router.gateway.upstream.client import Upstream, UpstreamRequest, UpstreamResponse
+from router.gateway.openai.request import Inbound, session_of
+from router.gateway.upstream import relay
+from router.gateway.upstream.client import UpstreamRequest, UpstreamResponse
 from router.gateway.upstream.deadline import Deadline
 from router.gateway.upstream.headers import UsageTail, client_headers, engine_headers
-from router.gateway.upstream.relay import (
-    Answer,
-    EventStream,
-    HoldBudget,
-    ends_stream,
-    json_object,
-    relay_answer,
-)
+from router.gateway.wiring import Services
 
 log = logging.getLogger(__name__)
 
@@ -80,55 +64,6 @@ MAX_ERROR_BODY_BYTES = 1024 * 1024
 # Routes whose prompt tokens feed the cache hit ratio (embeddings have no prefix cache).
 GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
 CLIENT_GONE = 499
-# A client trickling its body must not hold a handler forever; 16 MiB at 1 MB/s fits.
-BODY_READ_SECONDS = 60.0
-
-
-def keep_local(_delta: Delta) -> None:
-    """Where deltas go without replicas: nowhere (the index already has them)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Services:
-    """What every exchange uses: the routing core and the gateway's shell around it."""
-
-    core: RoutingCore
-    pool: EnginePool
-    upstream: Upstream
-    metrics: Metrics
-    timeouts: Timeouts
-    limits: Limits
-    admission: Admission
-    forwarding: Forwarding = field(default_factory=Forwarding)
-    retry_budget: RetryBudget = field(default_factory=RetryBudget)
-    clock: Callable[[], float] = time.monotonic
-    # Where recorded deltas go (the gossip queue when replicas are configured).
-    publish: Callable[[Delta], None] = keep_local
-    # Bodies parsed with bounded memory, large ones off the event loop
-    # (router.gateway.openai.request).
-    bodies: BodyParser = field(default_factory=BodyParser)
-    # The request's token ids from the engines' tokenizer (router.gateway.precise.tokenize), for
-    # engines whose KV events the index holds; None: route on the text keys alone.
-    tokenize: Callable[[Inbound], Awaitable[TokenPrompt | None]] | None = None
-    # Exchanges in flight, and the cut at the end of a stop's grace period.
-    drain: Drain = field(default_factory=Drain)
-    # What non-streamed answers held until their end may take together
-    # (router.gateway.upstream.relay).
-    holds: HoldBudget = field(default_factory=HoldBudget)
-
-
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The body, at most ``limit`` bytes; raises ``BodyTooLarge`` or ``BodyTimeout``."""
-    if request.content_length is not None and request.content_length > limit:
-        raise BodyTooLarge(f"request body is larger than {limit} bytes")
-    try:
-        async with asyncio.timeout(BODY_READ_SECONDS):
-            return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise BodyTooLarge(f"request body is larger than {limit} bytes") from None
-    except TimeoutError:
-        msg = f"the request body did not arrive within {BODY_READ_SECONDS:g}s"
-        raise BodyTimeout(msg) from None
 
 
 def decide(
@@ -147,29 +82,6 @@ def decide(
     )
     cands = s.pool.candidates(inbound.model)
     return core.decide(inbound.text, cands, s.clock(), session, tokenized=tokenized)
-
-
-def _stopping(deadline: Deadline) -> None:
-    """Raise ``ShuttingDown`` when the gateway's stop, not the engine, ended the wait."""
-    if deadline.was_cut:
-        raise ShuttingDown("the gateway is shutting down; retry the request") from None
-
-
-# X-Request-Id: the client's own when it is a plain token, else a new one.
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
-REQUEST_ID = web.RequestKey("kvrouter.request_id", str)
-
-
-def request_id(given: str) -> str:
-    """The request's id: ``given`` when it is a short plain token, else a fresh random one."""
-    return given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(8)
-
-
-async def id_header(request: web.Request, response: web.StreamResponse) -> None:
-    """``on_response_prepare``: every answer to a generation request says its request id."""
-    rid = request.get(REQUEST_ID)
-    if rid is not None:
-        response.headers["X-Request-Id"] = rid
 
 
 class Exchange:
@@ -277,16 +189,15 @@ class Exchange:
             try:
                 resp = await self._attempt(lease, raw, headers)
             except UpstreamError as e:
-                s.metrics.engine_request(engine, e.label)
-                if not e.request_shaped:
-                    s.pool.report_failure(engine, e.message)
-                elif suspects:
+                # A request-shaped failure is blamed on its engine only once another answers.
+                self._failed(engine, e, blame=not e.request_shaped)
+                if e.request_shaped and suspects:
                     log.warning(
                         "%s %s: failed on %s (%s) and on %s (%s): the request's fault, not retried",
                         self.id, self.route, suspects[0][0], suspects[0][1], engine, e,
                     )  # fmt: skip
                     raise
-                else:
+                if e.request_shaped:
                     suspects.append((engine, e))
                 if attempt == len(plan):
                     log.warning(
@@ -351,37 +262,37 @@ class Exchange:
                 first = await resp.read_chunk()
             except asyncio.CancelledError:
                 if deadline.expired():
-                    _stopping(deadline)
+                    relay.stopping(deadline)
                     msg = f"{engine} sent no response within {first_byte:g}s"
                     raise FirstByteTimeout(msg, engine) from None
                 raise
             finally:
                 deadline.stop()
+            body = relay.Body(resp, engine, deadline, s.timeouts.idle_stream_seconds)
             if resp.status >= 500:
-                body = await self._read_rest(resp, engine, first, MAX_ERROR_BODY_BYTES, deadline)
+                whole = await body.rest(first, MAX_ERROR_BODY_BYTES)
                 finished = True
                 ctype = resp.headers.get("Content-Type", "application/json")
-                raise UpstreamStatus(engine, resp.status, body, ctype)
+                raise UpstreamStatus(engine, resp.status, whole, ctype)
             if resp.status == 200:
                 self._first_byte(lease)
             ctype = resp.headers.get("Content-Type", "")
             if resp.status == 200 and ctype.startswith("text/event-stream") and first:
-                out, finished = await self._relay(resp, engine, first, deadline)
-                return out
+                answer = await relay.stream(self.request, body, first, self._first_sent)
+                finished = await self._streamed(body, answer)
+                return answer.response
             if resp.status >= 400:  # the engine's verdict on the request, relayed in shape
-                body = await self._read_rest(resp, engine, first, MAX_ERROR_BODY_BYTES, deadline)
+                whole = await body.rest(first, MAX_ERROR_BODY_BYTES)
                 finished = True
                 self._answered(engine, resp.status)
-                if not json_object(body):
-                    snippet = body[:200].decode("utf-8", "replace")
+                if not relay.is_json_object(whole):
+                    snippet = whole[:200].decode("utf-8", "replace")
                     log.warning("%s: %s refused with %d: %r", self.id, engine, resp.status, snippet)
                     raise EngineRefused(resp.status)
                 return web.Response(
-                    status=resp.status, body=body, headers=client_headers(resp.headers)
+                    status=resp.status, body=whole, headers=client_headers(resp.headers)
                 )
-            answer = await relay_answer(
-                self.request, resp, first, lambda: self._next_chunk(resp, engine, deadline), s.holds
-            )
+            answer = await relay.held(self.request, body, first, s.holds)
             finished = answer.complete
             self._settle(engine, resp.status, answer)
             return answer.response
@@ -394,13 +305,18 @@ class Exchange:
                 else:
                     resp.abort()
 
-    def _settle(self, engine: str, status: int, answer: Answer) -> None:
+    def _failed(self, engine: str, error: UpstreamError, *, blame: bool = True) -> None:
+        """Count a failed attempt at ``engine``, and against its health unless not ``blame``."""
+        self.s.metrics.engine_request(engine, error.label)
+        if blame:
+            self.s.pool.report_failure(engine, error.message)
+
+    def _settle(self, engine: str, status: int, answer: relay.Answer) -> None:
         """Count a non-streamed answer by how its relay ended."""
         if answer.broken is not None:
             e = answer.broken
             log.warning("%s %s: answer from %s broke off: %s", self.id, self.route, engine, e)
-            self.s.metrics.engine_request(engine, e.label)
-            self.s.pool.report_failure(engine, e.message)
+            self._failed(engine, e)
             self.status = e.status
         elif answer.client_gone:
             self.status = CLIENT_GONE
@@ -419,98 +335,37 @@ class Exchange:
         if counts is not None:
             self.s.metrics.usage(*counts)
 
-    async def _read_rest(
-        self, resp: UpstreamResponse, engine: str, first: bytes, limit: int, deadline: Deadline
-    ) -> bytes:
-        """The rest of a body after its first chunk (idle timeout per read)."""
-        parts = [first]
-        size = len(first)
-        chunk = first
-        while chunk:
-            chunk = await self._next_chunk(resp, engine, deadline)
-            parts.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise ResponseTooLarge(f"{engine} answered with more than {limit} bytes")
-        return b"".join(parts)
+    def _first_sent(self) -> None:
+        """The client has the stream's first bytes: its time to first token."""
+        self.s.metrics.ttft.observe(self.s.clock() - self.t0)
 
-    async def _next_chunk(self, resp: UpstreamResponse, engine: str, deadline: Deadline) -> bytes:
-        """The engine's next bytes, within the idle timeout; b"" at the end."""
-        idle = self.s.timeouts.idle_stream_seconds
-        deadline.start(idle)
-        try:
-            return await resp.read_chunk()
-        except asyncio.CancelledError:
-            if deadline.expired():
-                _stopping(deadline)
-                raise IdleStreamTimeout(f"{engine} sent nothing for {idle:g}s", engine) from None
-            raise
-        finally:
-            deadline.stop()
-
-    async def _relay(
-        self, resp: UpstreamResponse, engine: str, first: bytes, deadline: Deadline
-    ) -> tuple[web.StreamResponse, bool]:
-        """Relay an event stream as it arrives; True when the engine's stream ended cleanly.
-
-        Once the client has a byte nothing is retried: an engine failure ends the stream with
-        an error event, and a client that left ends the relay (the caller closes the engine's
-        connection, which stops its generation).
-        """
-        m = self.s.metrics
-        out = EventStream(status=resp.status, headers=client_headers(resp.headers))
-        tail = UsageTail()
-        tail.feed(first)
-        chunk, ttft, at_event = first, True, True
-        try:
-            await out.prepare(self.request)  # the head waits for the first bytes (EventStream)
-            try:
-                while True:
-                    if resp.finished() or ends_stream(chunk, at_event):
-                        # The engine is done, or its stream is ([DONE] is OpenAI's last event):
-                        # the last bytes and the end go out in one send. The client may hang
-                        # up the moment it reads [DONE] (the openai client does); the request
-                        # is answered now, not when the engine closes.
-                        await out.write_eof(chunk)
-                        break
-                    await out.write(chunk)
-                    if ttft:
-                        m.ttft.observe(self.s.clock() - self.t0)
-                        ttft = False
-                    at_event = chunk.endswith(b"\n\n")
-                    chunk = await self._next_chunk(resp, engine, deadline)
-                    if not chunk:
-                        with contextlib.suppress(ConnectionResetError):
-                            await out.write_eof()
-                        break
-                    tail.feed(chunk)
-            except UpstreamError as e:
+    async def _streamed(self, body: relay.Body, answer: relay.Answer) -> bool:
+        """Count a streamed answer by how its relay ended, and end a failed one with an error
+        event; True when the engine's connection can be reused."""
+        engine = body.engine
+        error = answer.broken or answer.stopped
+        if error is not None:
+            if answer.broken is not None:
+                e = answer.broken
                 log.warning("%s %s: stream from %s broke off: %s", self.id, self.route, engine, e)
-                m.engine_request(engine, e.label)
-                self.s.pool.report_failure(engine, e.message)
-                self.status = e.status
-                await out.write_eof(stream_error(e, request_id=self.id))
-                return out, False
-            except ShuttingDown as e:
-                self.status = e.status
-                await out.write_eof(stream_error(e, request_id=self.id))
-                return out, False
-        except ConnectionResetError:
-            if self.delivered:
-                return out, False
+                self._failed(engine, e)
+            self.status = error.status
+            await relay.end_stream(answer, stream_error(error, request_id=self.id))
+        if answer.client_gone:
             log.debug("%s %s: client left during the stream from %s", self.id, self.route, engine)
             self.status = CLIENT_GONE
-            return out, False
-        if ttft:
-            m.ttft.observe(self.s.clock() - self.t0)
-        self._delivered(engine, resp.status, tail)
-        return out, resp.finished() or await self._after_done(resp, engine, deadline)
+            return False
+        if error is not None:
+            return False
+        self._delivered(engine, answer.response.status, answer.tail)
+        return answer.complete or await self._after_done(body)
 
-    async def _after_done(self, resp: UpstreamResponse, engine: str, deadline: Deadline) -> bool:
+    async def _after_done(self, body: relay.Body) -> bool:
         """Read the engine's end after [DONE], only to reuse its connection; True when nothing
         but the end came (the client's answer is complete whatever happens here)."""
+        engine = body.engine
         try:
-            extra = await self._next_chunk(resp, engine, deadline)
+            extra = await body.next()
         except UpstreamError as e:
             log.debug("%s %s: %s failed after [DONE]: %s", self.id, self.route, engine, e)
             return False

@@ -3,11 +3,12 @@
 Every refusal and failure leaves the gateway in OpenAI's shape,
 ``{"error": {"message", "type", "param", "code"}}``, or, once a stream has started, as one
 OpenAI-style error event before the stream closes. Lower layers raise these classes; the
-upstream seam maps socket and HTTP framing failures into them where they happen
-(``router.gateway.upstream.client``); ``error_response`` and ``error_middleware`` below are the only
-code that renders them, and ``raw_response`` renders the few refusals made on a connection before
-aiohttp has a request to answer (``router.gateway.inbound.connections``). An unexpected exception is
-logged with its stack trace and answered with a plain 500 that says nothing about the inside.
+upstream seam maps socket and HTTP framing failures into them in one table
+(``router.gateway.upstream.client``'s ``EXCEPTION_MAP``); ``error_response`` and
+``error_middleware`` below are the only code that renders them, and ``raw_response`` renders the
+few refusals made on a connection before aiohttp has a request to answer
+(``router.gateway.inbound.connections``). An unexpected exception is logged with its stack trace
+and answered with a plain 500 that says nothing about the inside.
 
 The renderers take a ``dialect``: how ``type`` and ``code`` are spelled. The gateway speaks
 OpenAI's (``openai_dialect``: ``invalid_request_error``, a string code or null); engine-sim
@@ -20,18 +21,22 @@ answers like vLLM (``vllm_dialect``: ``BadRequestError``, the HTTP status as the
     │   ├── NotFound                404  unknown model, unknown route
     │   ├── BodyTimeout             408  the body did not arrive in time
     │   ├── HeaderTimeout           408  the request's headers did not arrive in time
-    │   └── BodyTooLarge            413  body above limits.max_body_bytes
-    ├── NoEngine                   503  no healthy engine serves the model (Retry-After)
-    ├── TooManyConnections         503  limits.max_connections are open (Retry-After)
-    ├── TooBusy                    429  the fleet is full and the wait queue too (Retry-After)
+    │   ├── BodyTooLarge            413  body above limits.max_body_bytes
+    │   └── EngineRefused           4xx  an engine refused it with a body that is no JSON error
+    ├── InvalidApiKey               401  no or unknown client API key (router.gateway.inbound.auth)
+    ├── NoEngine                    503  no healthy engine serves the model (Retry-After)
+    ├── TooManyConnections          503  limits.max_connections are open (Retry-After)
+    ├── TooBusy                     429  the fleet is full and the wait queue too (Retry-After)
+    ├── ShuttingDown                503  the gateway's stop ended its grace period (Retry-After)
     ├── ResponseTooLarge            502  a non-streamed answer above the relay's buffer limit
-    └── UpstreamError               one attempt at an engine failed (retried before 1st byte)
-        ├── UpstreamConnectError    502  refused, reset or unresolvable before a response
-        ├── UpstreamDropped         502  the connection broke while reading the response
-        ├── UpstreamTimeout         504
-        │   ├── FirstByteTimeout         no body byte within timeouts.first_byte_seconds
-        │   └── IdleStreamTimeout        no byte within timeouts.idle_stream_seconds
-        └── UpstreamStatus          502  the engine answered 5xx (its body stays in the log)
+    ├── UpstreamError               one attempt at an engine failed (retried before 1st byte)
+    │   ├── UpstreamConnectError    502  refused, reset or unresolvable before a response
+    │   ├── UpstreamDropped         502  the connection broke while reading the response
+    │   ├── UpstreamTimeout         504
+    │   │   ├── FirstByteTimeout         no body byte within timeouts.first_byte_seconds
+    │   │   └── IdleStreamTimeout        no byte within timeouts.idle_stream_seconds
+    │   └── UpstreamStatus          502  the engine answered 5xx (its body stays in the log)
+    └── InjectedFault               4xx, 5xx  engine-sim's ``POST /fault`` (router.enginesim.app)
 
 Nothing internal reaches a client in an error: an engine's failure is answered with a generic
 message per kind (``UpstreamError.public``) and the request's id, which the log lines that carry

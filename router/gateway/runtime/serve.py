@@ -28,10 +28,11 @@ from aiohttp import web
 from router.core.fields import ConfigError
 from router.core.policy import PolicyError
 from router.eventloop import loop_factory
-from router.gateway.app import Gateway, build_app, build_metrics_app
+from router.gateway.app import build_app, build_metrics_app
 from router.gateway.config.settings import Config
 from router.gateway.inbound.connections import Connections, fit_open_files
 from router.gateway.runtime.drain import CUT_SECONDS
+from router.gateway.wiring import Gateway
 from router.presets import resolve
 
 if TYPE_CHECKING:

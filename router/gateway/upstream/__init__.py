@@ -1,10 +1,11 @@
 """The engines' side of the gateway: everything sent to an engine and everything it answers.
 
-- ``client``: the one seam, ``Upstream``, and its HTTP implementation; failures mapped to the
-  error tree there.
+- ``client``: the one seam, ``Upstream``, and its HTTP implementation; lower-layer failures
+  mapped to the error tree there, by one table.
 - ``connections``: keep-alive HTTP/1.1 connections to engines and their pool.
 - ``http1``: request and response framing, no I/O.
-- ``relay``: how an engine's answer reaches the client (non-streamed ones held only while small).
+- ``relay``: how an engine's answer reaches the client: the streamed relay and the held one
+  (non-streamed answers held only while small), side by side.
 - ``headers``: which headers cross each way, and the ``usage`` read from answers.
 - ``deadline``: the one timer behind an attempt's waits: the first byte, then each read.
 

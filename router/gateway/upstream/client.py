@@ -4,15 +4,21 @@ Everything the gateway sends to an engine (proxied requests, health probes, mode
 through an ``Upstream``. ``HttpUpstream`` is the real one: HTTP/1.1 over pooled keep-alive
 connections, TCP_NODELAY on every socket (a streamed token must not wait for Nagle's
 algorithm), bytes relayed as the engine sent them (no decompression). Tests swap in
-``tests.fakes.FakeUpstream``. Failures become ``router.gateway.openai.errors`` classes here, in one
-place, so nothing above this module knows sockets or HTTP framing.
+``tests.fakes.FakeUpstream``.
+
+Failures become ``router.gateway.openai.errors`` classes here, in one place: the layers below
+(router.gateway.upstream.connections, router.gateway.upstream.http1, the sockets) raise only
+``WireError``, ``OSError`` and ``TimeoutError``, and ``upstream_error`` turns each into its
+``UpstreamError`` by ``EXCEPTION_MAP``, so nothing above this module knows sockets or HTTP
+framing. The one other refusal made here is the client's own: a header that cannot be framed
+is a ``BadRequest``, never the engine's failure.
 
 The wire is the gateway's own, in two layers: router.gateway.upstream.http1 frames requests and
 responses with no I/O; router.gateway.upstream.connections's ``Connection`` moves bytes between a
-socket and a parser, one request at a time, and its ``Pool`` keeps them alive. aiohttp's client did
-this job before and took a quarter to a third of the gateway's CPU per streamed request
-(bench/RESULTS.md): a request, a status line and a few chunks need no session, cookie jar,
-tracing, redirects or per-request tasks.
+socket and a parser, one request at a time, and its ``Pool`` keeps them alive. It is the
+gateway's own because aiohttp's client took a quarter to a third of the gateway's CPU per
+streamed request (bench/RESULTS.md): a request, a status line and a few chunks need no session,
+cookie jar, tracing, redirects or per-request tasks.
 
 Timeouts other than connecting belong to the caller: the exchange knows whether it is waiting
 for a first byte or in the middle of a stream.
@@ -34,15 +40,46 @@ from multidict import MultiMapping
 from router.gateway.openai.errors import (
     BadRequest,
     UpstreamConnectError,
+    UpstreamDropped,
+    UpstreamError,
     UpstreamTimeout,
 )
-from router.gateway.upstream.connections import Connection, Pool, PooledResponse, nodelay_socket
-from router.gateway.upstream.http1 import request_bytes
+from router.gateway.upstream.connections import Connection, Pool, nodelay_socket
+from router.gateway.upstream.http1 import ResponseParser, WireError, request_bytes
 
 # A model list or health answer larger than this is not one; reading stops there.
 MAX_FETCH_BYTES = 4 * 1024 * 1024
 # An engine's addresses are looked up again after this long (DNS may move an engine).
 DNS_TTL_SECONDS = 10.0
+
+# What each lower-layer failure becomes, while connecting (nothing reached the engine) and once
+# the request is sent; the first row the exception is an instance of decides (WireError is a
+# ValueError, so it comes first).
+EXCEPTION_MAP: tuple[tuple[type[Exception], type[UpstreamError], type[UpstreamError]], ...] = (
+    # Bytes that are no HTTP/1.1 response, or a response cut short.
+    (WireError, UpstreamConnectError, UpstreamDropped),
+    # The connect timeout; a fetch's own deadline.
+    (TimeoutError, UpstreamConnectError, UpstreamTimeout),
+    # Refused, unreachable, unresolvable, TLS refused; reset or closed under a response.
+    (OSError, UpstreamConnectError, UpstreamDropped),
+    # An engine URL that names no http(s) address.
+    (ValueError, UpstreamConnectError, UpstreamDropped),
+)
+LOWER_ERRORS = tuple(kind for kind, _, _ in EXCEPTION_MAP)
+
+
+def upstream_error(exc: Exception, engine: str, *, connecting: bool = False) -> UpstreamError:
+    """The error tree's class for ``exc``, a lower-layer failure of a call to ``engine``."""
+    for kind, before, after in EXCEPTION_MAP:
+        if isinstance(exc, kind):
+            cls = before if connecting else after
+            break
+    else:
+        raise TypeError(f"{type(exc).__name__} is no lower-layer failure") from exc
+    detail = str(exc) or ("timed out" if isinstance(exc, TimeoutError) else type(exc).__name__)
+    if connecting:
+        return cls(f"cannot connect to {engine}: {detail}", engine)
+    return cls(f"{engine} {detail}", engine)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +166,7 @@ class _Target:
             port = None
             u = u._replace(scheme="")
         if u.scheme not in ("http", "https") or not u.hostname:
-            raise UpstreamConnectError(f"cannot connect to {engine}: not an http(s) URL", engine)
+            raise ValueError("not an http(s) URL")
         tls = u.scheme == "https"
         port = port or (443 if tls else 80)
         return _Target(u.hostname, port, tls, u.netloc, u.path.rstrip("/"), authorization)
@@ -162,7 +199,11 @@ class HttpUpstream:
         return t
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
-        target = self._target(request.engine)
+        engine = request.engine
+        try:
+            target = self._target(engine)
+        except ValueError as e:
+            raise upstream_error(e, engine, connecting=True) from None
         headers = request.headers
         if target.authorization is not None:
             headers = [h for h in headers if h[0].lower() != "authorization"]
@@ -176,13 +217,18 @@ class HttpUpstream:
                 request.body,
             )
         except ValueError as e:
-            raise BadRequest(str(e)) from None
-        conn = await self._connection(request.engine, target)
+            raise BadRequest(str(e)) from None  # the client's header, not the engine's failure
+        try:
+            conn = await self._connection(engine, target)
+        except LOWER_ERRORS as e:
+            raise upstream_error(e, engine, connecting=True) from None
         try:
             conn.start(data)
             parser = await conn.head()
-        except BaseException:
+        except BaseException as e:
             conn.close()
+            if isinstance(e, LOWER_ERRORS):
+                raise upstream_error(e, engine) from None
             raise
         return PooledResponse(conn, parser)
 
@@ -210,9 +256,8 @@ class HttpUpstream:
                     size += len(chunk)
                 return resp.status, b"".join(parts)[:limit]
         except TimeoutError:
-            raise UpstreamTimeout(
-                f"{method} {engine}{path} timed out after {seconds:g}s", engine
-            ) from None
+            error = TimeoutError(f"timed out after {seconds:g}s on {method} {path}")
+            raise upstream_error(error, engine) from None
         finally:
             if resp is not None:
                 if resp.finished():
@@ -227,20 +272,15 @@ class HttpUpstream:
 
     async def _connection(self, engine: str, target: _Target) -> Connection:
         if self._closed:
-            raise UpstreamConnectError(
-                f"cannot connect to {engine}: the gateway is closing", engine
-            )
+            raise ConnectionAbortedError("the gateway is closing")
         pool = self._pool
         if pool is None:
             pool = self._pool = Pool(asyncio.get_running_loop())
         conn = pool.take(engine)
         if conn is not None:
             return conn
-        try:
-            async with asyncio.timeout(self._connect_seconds):
-                conn = await self._connect(engine, target, pool)
-        except TimeoutError:
-            raise UpstreamConnectError(f"connecting to {engine} timed out", engine) from None
+        async with asyncio.timeout(self._connect_seconds):
+            conn = await self._connect(engine, target, pool)
         pool.add(conn)
         return conn
 
@@ -266,7 +306,7 @@ class HttpUpstream:
             except BaseException:
                 sock.close()
                 raise
-        raise UpstreamConnectError(f"cannot connect to {engine}: {error}", engine)
+        raise error or OSError("no address to connect to")
 
     async def _resolve(self, engine: str, target: _Target) -> Sequence[AddrInfoType]:
         loop = asyncio.get_running_loop()
@@ -274,12 +314,9 @@ class HttpUpstream:
         cached = self._addresses.get(key)
         if cached is not None and loop.time() - cached[0] < DNS_TTL_SECONDS:
             return cached[1]
-        try:
-            infos = await loop.getaddrinfo(
-                target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-            )
-        except OSError as e:
-            raise UpstreamConnectError(f"cannot connect to {engine}: {e}", engine) from e
+        infos = await loop.getaddrinfo(
+            target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )
         if len(self._addresses) > 4096:
             self._addresses.clear()
         self._addresses[key] = (loop.time(), infos)
@@ -289,3 +326,40 @@ class HttpUpstream:
         if self._tls is None:
             self._tls = ssl.create_default_context()
         return self._tls
+
+
+class PooledResponse:
+    """``UpstreamResponse`` over a pooled ``Connection`` whose response head has arrived."""
+
+    __slots__ = ("_conn", "_done", "_parser", "headers", "status")
+
+    def __init__(self, conn: Connection, parser: ResponseParser) -> None:
+        self._conn = conn
+        self._parser = parser
+        self._done = False  # released or aborted: the connection is no longer this response's
+        self.status = parser.status
+        assert parser.headers is not None
+        self.headers: MultiMapping[str] = parser.headers
+
+    async def read_chunk(self) -> bytes:
+        conn, p = self._conn, self._parser
+        try:
+            while (data := conn.take(p)) is None:
+                await conn.wait()
+        except LOWER_ERRORS as e:
+            raise upstream_error(e, conn.engine) from None
+        return data
+
+    def finished(self) -> bool:
+        p = self._parser
+        return p.complete and not p.body
+
+    def release(self) -> None:
+        if not self._done:
+            self._done = True
+            self._conn.give_back(self._parser)
+
+    def abort(self) -> None:
+        if not self._done:
+            self._done = True
+            self._conn.close()

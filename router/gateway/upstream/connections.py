@@ -1,11 +1,12 @@
-"""One keep-alive HTTP/1.1 connection to an engine, its response, and the pool that keeps them.
+"""One keep-alive HTTP/1.1 connection to an engine, and the pool that keeps them.
 
 ``Connection`` moves bytes between a socket and router.gateway.upstream.http1's parser, one request
-at a time; ``PooledResponse`` is the ``UpstreamResponse`` read over it, with back-pressure (reading
-stops while ``READ_HIGH_WATER_BYTES`` wait unread); ``Pool`` keeps idle connections per engine,
-newest reused first, and closes those idle longer than ``KEEPALIVE_SECONDS``. Failures are
-``router.gateway.openai.errors`` classes. router.gateway.upstream.client opens the connections and
-is the only user of this module.
+at a time, with back-pressure (reading stops while ``READ_HIGH_WATER_BYTES`` wait unread);
+``Pool`` keeps idle connections per engine, newest reused first, and closes those idle longer
+than ``KEEPALIVE_SECONDS``. Failures are the lower layer's own: ``WireError`` for bytes that are
+no response, ``ConnectionResetError`` for a connection closed under one (the socket's own
+``OSError``s pass through); router.gateway.upstream.client, which opens the connections, reads
+responses over them and is the only user of this module, maps them to the error tree.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ import socket
 from typing import cast
 
 from aiohappyeyeballs import AddrInfoType
-from multidict import MultiMapping
 
-from router.gateway.openai.errors import UpstreamDropped, UpstreamError
 from router.gateway.upstream.http1 import ResponseParser, WireError
 
 # Idle pooled connections are closed after this long: shorter than common engine keep-alive
@@ -61,7 +60,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser: ResponseParser | None = None
         self.waiter: asyncio.Future[None] | None = None
-        self.error: UpstreamError | None = None
+        self.error: WireError | OSError | None = None
         self.lost = False
         self.paused = False
         self.idle_since = 0.0
@@ -76,14 +75,12 @@ class Connection(asyncio.Protocol):
         p = self.parser
         if p is None or self.error is not None:
             # Bytes nobody asked for (an idle connection, or after a failure): unusable.
-            self._fail(UpstreamDropped(f"{self.engine} sent bytes outside a response", self.engine))
+            self._fail(WireError("sent bytes outside a response"))
             return
         try:
             p.feed(data)
         except WireError as e:
-            self._fail(
-                UpstreamDropped(f"{self.engine} sent a malformed response: {e}", self.engine)
-            )
+            self._fail(WireError(f"sent a malformed response: {e}"))
             return
         if p.buffered > READ_HIGH_WATER_BYTES and not self.paused and self.transport is not None:
             self.paused = True
@@ -97,7 +94,7 @@ class Connection(asyncio.Protocol):
             try:
                 p.eof()
             except WireError as e:
-                self._fail(UpstreamDropped(self._closed_message(str(e)), self.engine))
+                self._fail(WireError(self.closed_message(str(e))))
         self._wake()
         return False  # close the transport
 
@@ -106,18 +103,18 @@ class Connection(asyncio.Protocol):
         p = self.parser
         if p is not None and not p.complete and self.error is None:
             reason = f"{type(exc).__name__}" if exc is not None else "the connection closed"
-            self.error = UpstreamDropped(self._closed_message(reason), self.engine)
+            self.error = ConnectionResetError(self.closed_message(reason))
         self.pool.forget(self)
         self._wake()
 
     # the request's side
 
-    def _closed_message(self, reason: str) -> str:
+    def closed_message(self, reason: str) -> str:
         p = self.parser
         where = "before answering" if p is None or p.headers is None else "while answering"
-        return f"{self.engine} closed the connection {where} ({reason})"
+        return f"closed the connection {where} ({reason})"
 
-    def _fail(self, error: UpstreamError) -> None:
+    def _fail(self, error: WireError | OSError) -> None:
         self.error = error
         if self.transport is not None:
             self.transport.close()
@@ -155,76 +152,52 @@ class Connection(asyncio.Protocol):
 
     async def head(self) -> ResponseParser:
         """The parser once the response's head and its first body bytes (or its end) have
-        arrived; raises ``UpstreamError``. Engines often send the head on its own first: the
-        caller reads the first bytes next anyway, and is woken once instead of twice."""
+        arrived; raises ``WireError`` or ``OSError``. Engines often send the head on its own
+        first: the caller reads the first bytes next anyway, and is woken once instead of twice."""
         p = self.parser
         assert p is not None
         while not (p.body or p.complete):
             if self.error is not None:
                 raise self.error
             if self.lost:
-                raise UpstreamDropped(self._closed_message("the connection closed"), self.engine)
+                raise ConnectionResetError(self.closed_message("the connection closed"))
             await self.wait()
         return p
+
+    def take(self, parser: ResponseParser) -> bytes | None:
+        """The body bytes of ``parser``'s response that have arrived, b"" at its end, None when
+        none wait yet (``wait`` for more); raises ``WireError`` or ``OSError``."""
+        body = parser.body
+        if body:
+            data = body[0] if len(body) == 1 else b"".join(body)
+            body.clear()
+            parser.buffered = 0
+            if self.paused and self.transport is not None:
+                self.paused = False
+                self.transport.resume_reading()
+            return data
+        if parser.complete:
+            return b""
+        if self.error is not None:
+            raise self.error
+        if self.lost or self.parser is not parser:  # closed, or given back to the pool
+            raise ConnectionResetError(self.closed_message("the connection closed"))
+        return None
+
+    def give_back(self, parser: ResponseParser) -> None:
+        """``parser``'s response was read to its end: to the pool when the connection can
+        carry another request, else closed."""
+        p = parser
+        if p.complete and p.reusable and not p.body and self.error is None and not self.lost:
+            self.parser = None
+            self.pool.put(self)
+        else:
+            self.close()
 
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
         self.lost = True
-
-
-class PooledResponse:
-    """``UpstreamResponse`` over a ``Connection`` whose response head has arrived."""
-
-    __slots__ = ("_conn", "_done", "_parser", "headers", "status")
-
-    def __init__(self, conn: Connection, parser: ResponseParser) -> None:
-        self._conn = conn
-        self._parser = parser
-        self._done = False  # released or aborted: the connection is no longer this response's
-        self.status = parser.status
-        assert parser.headers is not None
-        self.headers: MultiMapping[str] = parser.headers
-
-    async def read_chunk(self) -> bytes:
-        p, conn = self._parser, self._conn
-        while True:
-            body = p.body
-            if body:
-                data = body[0] if len(body) == 1 else b"".join(body)
-                body.clear()
-                p.buffered = 0
-                if conn.paused and conn.transport is not None:
-                    conn.paused = False
-                    conn.transport.resume_reading()
-                return data
-            if p.complete:
-                return b""
-            if conn.error is not None:
-                raise conn.error
-            if conn.lost or self._done:
-                raise UpstreamDropped(conn._closed_message("the connection closed"), conn.engine)
-            await conn.wait()
-
-    def finished(self) -> bool:
-        p = self._parser
-        return p.complete and not p.body
-
-    def release(self) -> None:
-        if self._done:
-            return
-        self._done = True
-        conn, p = self._conn, self._parser
-        if p.complete and p.reusable and not p.body and conn.error is None and not conn.lost:
-            conn.parser = None
-            conn.pool.put(conn)
-        else:
-            conn.close()
-
-    def abort(self) -> None:
-        if not self._done:
-            self._done = True
-            self._conn.close()
 
 
 class Pool:

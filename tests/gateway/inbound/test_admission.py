@@ -14,7 +14,7 @@ from router.gateway.config.settings import EngineMetrics, FlowControl, Timeouts
 from router.gateway.inbound.admission import Admission, priority_of, tenant_of
 from router.gateway.openai.errors import BadRequest
 from tests.fakes import FakeEngine, Script, openai_answer
-from tests.gateway.test_exchange import CHAT, Rig, assert_all_released, chat, rig
+from tests.gateway.rig import CHAT, Rig, assert_all_released, chat, rig
 
 A = "http://engine-a:8000"
 SLOW = Timeouts(connect_seconds=1, first_byte_seconds=30, idle_stream_seconds=30)

@@ -10,7 +10,7 @@ import pytest
 from router.core.fields import ConfigError
 from router.gateway.config.settings import Auth
 from router.gateway.inbound.auth import load_keys, parse_keys
-from tests.gateway.test_exchange import CHAT, chat, rig
+from tests.gateway.rig import CHAT, chat, rig
 
 DIGEST = hashlib.sha256(b"sk-hashed").hexdigest()
 

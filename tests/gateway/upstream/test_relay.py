@@ -1,19 +1,25 @@
-"""Non-streamed answers: held while small (retried on failure), passed through once large."""
+"""The relays: non-streamed answers held while small (retried on failure), passed through once
+large; a stream's head leaving with its first event; where a stream ends."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from pathlib import Path
+from unittest import mock
 
 import aiohttp
 import orjson
 import pytest
+from aiohttp.http_writer import StreamWriter
+from aiohttp.test_utils import make_mocked_request
 
+from router.gateway.openai import sse
 from router.gateway.upstream.headers import UsageTail
-from router.gateway.upstream.relay import HOLD_BYTES, HoldBudget
-from tests.fakes import JSON, Script
-from tests.gateway.test_exchange import CHAT, chat, rig
+from router.gateway.upstream.relay import HOLD_BYTES, EventStream, HoldBudget, ends_stream
+from tests.fakes import JSON, SSE, Script
+from tests.gateway.rig import CHAT, EVENT, chat, rig
 
 CHUNK = 64 * 1024
 
@@ -135,3 +141,46 @@ async def test_large_answer_cut_by_the_gateways_stop_is_a_short_read_not_the_eng
                 await resp.read()
         assert await r.metric("kvrouter_requests_total", code="503") == 1
         assert await r.metric("kvrouter_backend_requests_total", code="error") == 0
+
+
+# -- streams: one send for the head and the first event, the end at [DONE] --------------------
+
+
+async def test_event_stream_head_and_first_event_leave_in_one_write() -> None:
+    # Pins the aiohttp attribute EventStream relies on (_send_headers_immediately): if a new
+    # aiohttp sends the head at prepare() again, this fails.
+    writes: list[bytes] = []
+    transport = mock.Mock(is_closing=lambda: False)
+    transport.write.side_effect = lambda d: writes.append(bytes(d))
+    transport.writelines.side_effect = lambda ds: writes.append(b"".join(ds))
+    protocol = mock.Mock(transport=transport, _paused=False)
+    writer = StreamWriter(protocol, asyncio.get_running_loop())
+    request = make_mocked_request(
+        "POST", CHAT, writer=writer, protocol=protocol, transport=transport
+    )
+    out = EventStream(headers=SSE)
+    await out.prepare(request)
+    assert writes == []
+    await out.write(b"data: 1\n\n")
+    (sent,) = writes
+    assert sent.startswith(b"HTTP/1.1 200 OK\r\n") and sent.endswith(b"data: 1\n\n\r\n")
+    await out.write_eof()
+    assert writes[1:] == [b"0\r\n\r\n"]
+
+
+@pytest.mark.parametrize(
+    ("chunk", "at_event", "ends"),
+    [
+        (sse.DONE, True, True),
+        (EVENT + sse.DONE, False, True),
+        (sse.DONE, False, False),  # the chunk before ended mid-event: this is not an event
+        (EVENT, True, False),
+        (b'data: {"a": 1}\ndata: [DONE]\n\n', True, False),  # a two-line event's data
+        (b"xdata: [DONE]\n\n", True, False),
+        (b"data: [DONE]\r\n\r\n", True, False),  # other line ends: the engine's end decides
+    ],
+    ids=["alone", "after-event", "alone-mid-event", "in-content", "second-data-line",
+         "mid-line", "crlf"],
+)  # fmt: skip
+def test_ends_stream_only_a_whole_done_event(chunk: bytes, at_event: bool, ends: bool) -> None:
+    assert ends_stream(chunk, at_event) is ends

@@ -1,0 +1,263 @@
+"""The composition root: one ``Gateway`` built from the config, and what its exchanges share.
+
+``Gateway`` wires the routing core to the I/O shell (engine pool, upstream, policy watcher,
+metrics, admission, precise mode); ``Services`` is what every ``Exchange``
+(router.gateway.exchange) uses of it. router.gateway.app serves a ``Gateway``: routes and the
+background loops it owns.
+
+Build a ``Gateway`` inside a running event loop (its upstream opens an aiohttp session).
+
+With gossip configured, the gateway is one replica of a fleet (``router.gateway.replicas.replica``):
+the index gossips under a per-run origin, every ``Delta`` an exchange records is published to the
+gossip queue, remote deltas and loads merge into ``core.index`` and ``core.loads``,
+``gossip_peers`` and ``gossip_samples`` feed the ``kvrouter_gossip_*`` metrics, and the node
+runs in one more ``cleanup_ctx`` of the app (the first started, the last stopped).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from router.core.decision import RoutingCore, TokenPrompt
+from router.core.index import Delta
+from router.core.load import EngineReport, Load
+from router.core.policy import Policy
+from router.core.retry_budget import BudgetRules, RetryBudget
+from router.gateway.config.engine_keys import EngineKeys
+from router.gateway.config.reload import PolicyWatcher, Result
+from router.gateway.config.settings import Config, Forwarding, Limits, Timeouts
+from router.gateway.fleet.pool import EnginePool, Resolver, resolve_dns
+from router.gateway.fleet.scrape import EngineMetricsScraper
+from router.gateway.inbound.admission import Admission
+from router.gateway.inbound.auth import load_keys
+from router.gateway.inbound.connections import Connections
+from router.gateway.metrics import FleetView, Metrics
+from router.gateway.openai.request import BodyParser, Inbound
+from router.gateway.precise.engines import PreciseEngines
+from router.gateway.precise.kv_events import EventMetrics, Subscriber
+from router.gateway.precise.tokenize import Tokenizer
+from router.gateway.replicas.delegate import run_origin
+from router.gateway.runtime.drain import Drain
+from router.gateway.upstream.client import HttpUpstream, Upstream
+from router.gateway.upstream.relay import HoldBudget
+from router.local_tokenizer import configured
+
+if TYPE_CHECKING:
+    from router.gateway.replicas.replica import Replica
+    from router.gossip import GossipConfig, Sample
+
+
+def keep_local(_delta: Delta) -> None:
+    """Where deltas go without replicas: nowhere (the index already has them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """What every exchange uses: the routing core and the gateway's shell around it."""
+
+    core: RoutingCore
+    pool: EnginePool
+    upstream: Upstream
+    metrics: Metrics
+    timeouts: Timeouts
+    limits: Limits
+    admission: Admission
+    forwarding: Forwarding = field(default_factory=Forwarding)
+    retry_budget: RetryBudget = field(default_factory=RetryBudget)
+    clock: Callable[[], float] = time.monotonic
+    # Where recorded deltas go (the gossip queue when replicas are configured).
+    publish: Callable[[Delta], None] = keep_local
+    # Bodies parsed with bounded memory, large ones off the event loop
+    # (router.gateway.openai.request).
+    bodies: BodyParser = field(default_factory=BodyParser)
+    # The request's token ids from the engines' tokenizer (router.gateway.precise.tokenize), for
+    # engines whose KV events the index holds; None: route on the text keys alone.
+    tokenize: Callable[[Inbound], Awaitable[TokenPrompt | None]] | None = None
+    # Exchanges in flight, and the cut at the end of a stop's grace period.
+    drain: Drain = field(default_factory=Drain)
+    # What non-streamed answers held until their end may take together
+    # (router.gateway.upstream.relay).
+    holds: HoldBudget = field(default_factory=HoldBudget)
+
+
+class Gateway:
+    """The running gateway's state: routing core, engines, upstream, metrics."""
+
+    def __init__(
+        self,
+        config: Config,
+        policy_path: Path,
+        *,
+        upstream: Upstream | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        resolver: Resolver = resolve_dns,
+        environ: Mapping[str, str] = os.environ,
+        gossip: GossipConfig | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        # In-flight exchanges, and the stop's grace period (router.gateway.runtime.drain).
+        self.drain = Drain()
+        self.watcher = PolicyWatcher(
+            policy_path,
+            self._set_policy,
+            self._reloaded,
+            config.policy_reload.interval_seconds,
+            poll=config.policy_reload.enabled,
+        )
+        origin = "local"
+        if gossip is not None:
+            # Unique per process run: a restarted replica numbers its deltas from 1 again.
+            origin = run_origin(gossip.node_id)
+        # Raises PolicyError: the gateway does not start on a policy it cannot read.
+        self.core = RoutingCore(self.watcher.load_initial(), origin)
+        # Raises ConfigError: the gateway does not start without the engine keys it names.
+        keys = EngineKeys(config.engines, environ)
+        self.upstream: Upstream = upstream or HttpUpstream(
+            config.timeouts.connect_seconds, authorization=keys
+        )
+        # Peers by membership state, for kvrouter_gossip_peers; gossip replaces it.
+        self.gossip_peers: Callable[[], Mapping[str, int]] = lambda: {"alive": 0}
+        # The other kvrouter_gossip_* series; gossip replaces it.
+        self.gossip_samples: Callable[[], Iterable[Sample]] = lambda: ()
+        self.metrics = Metrics(
+            FleetView(
+                engines=self._engine_health,
+                local_load=self._local_load,
+                index_entries=lambda: len(self.core.index),
+                gossip_peers=lambda: self.gossip_peers(),
+                gossip=lambda: self.gossip_samples(),
+                connections_open=lambda: self.connections.open,
+                connections_rejected=lambda: self.connections.rejected,
+                engine_reports=self._engine_reports,
+                queue_depth=lambda: self.admission.depth(),
+            )
+        )
+        self.pool = EnginePool(
+            config.engines,
+            config.health,
+            self.upstream,
+            self._set_engines,
+            clock=clock,
+            resolver=resolver,
+        )
+        # The engines' own load, blended into the core's LoadBook (router.core.load).
+        em = config.engine_metrics
+        self.core.loads.stale_after = em.stale_after_seconds
+        self.engine_metrics = EngineMetricsScraper(
+            em,
+            self.upstream,
+            lambda: [url for url, b in self.pool.engines.items() if b.healthy],
+            self.core.loads.engine_report,
+            clock=clock,
+            count=lambda result: self.metrics.engine_scrapes.labels(result).inc(),
+        )
+        # Raises ConfigError: the gateway does not start with keys it cannot read.
+        self.api_keys = load_keys(config.auth.api_keys_file, config.auth.api_keys_env, environ)
+        # Admin endpoints exist only when the token's variable is set (read once, at start).
+        self.admin_token: str | None = environ.get(config.admin_token_env) or None
+        self.replica: Replica | None = None
+        if gossip is not None:
+            # grpc is loaded only when gossip is on
+            from router.gateway.replicas.replica import Replica
+
+            self.replica = Replica(gossip, self.core, now=clock)
+            self.gossip_peers = self.replica.peers
+            self.gossip_samples = self.replica.samples
+        self.admission = Admission(config.flow_control, self.core, self.metrics, clock=clock)
+        # Engines' KV cache events (router.gateway.precise.kv_events) and the token ids they need.
+        kv = config.engines.kv_events
+        self.core.bridge_seconds = kv.bridge_seconds
+        self.core.medium_weights = kv.medium_weights
+        self.event_metrics = EventMetrics(self.metrics.registry)
+        self.precise = PreciseEngines(self.core, self.pool, self.event_metrics)
+        self.kv_events: Subscriber | None = None
+        self.tokenizer: Tokenizer | None = None
+        if kv.enabled:
+            self.kv_events = Subscriber(self.core, kv, self._healthy, self.event_metrics, clock)
+            self.tokenizer = Tokenizer(
+                kv.tokenize_timeout_seconds,
+                self.precise.engines,
+                self.precise.tokenized,
+                upstream=self.upstream,  # the engines' API keys go with every call
+                local=configured(kv.tokenizer),  # raises ConfigError: no start without it
+                holds=self.precise.held_whole,
+            )
+        # Client connections of this process: the cap and the header deadline (runtime).
+        self.connections = Connections(config.limits)
+        self.bodies = BodyParser(
+            config.limits.large_body_bytes,
+            config.limits.max_large_body_parses,
+            # The tokenizer sends the prompt's fields on to an engine's /tokenize.
+            keep_body=self.tokenizer is not None,
+        )
+        self.services = Services(
+            self.core,
+            self.pool,
+            self.upstream,
+            self.metrics,
+            config.timeouts,
+            config.limits,
+            self.admission,
+            config.forwarding,
+            RetryBudget(BudgetRules(ratio=config.limits.retry_budget_percent / 100)),
+            clock=clock,
+            publish=self.replica.queue if self.replica is not None else keep_local,
+            bodies=self.bodies,
+            tokenize=self.tokenizer,
+            drain=self.drain,
+        )
+
+    def _healthy(self) -> Mapping[str, bool]:
+        return {url: b.healthy for url, b in self.pool.engines.items()}
+
+    def _set_policy(self, policy: Policy) -> None:
+        # One assignment on the event loop: requests in flight keep their decisions, and the
+        # loads they took are released into the same LoadBook.
+        self.core.set_policy(policy)
+
+    def _reloaded(self, result: Result) -> None:
+        self.metrics.reloads.labels(result).inc()
+
+    def _set_engines(self, weights: Mapping[str, int]) -> None:
+        self.core.set_engines(weights)
+        self.metrics.forget_engines(weights)
+        for url in self.core.loads.reporting_engines():
+            if url not in weights:
+                self.core.loads.drop_engine_report(url)
+
+    def _engine_health(self) -> Iterable[tuple[str, bool]]:
+        return [(url, b.healthy) for url, b in self.pool.engines.items()]
+
+    def _local_load(self, engine: str) -> Load:
+        return self.core.loads.local(engine)
+
+    def _engine_reports(self) -> Iterable[tuple[str, EngineReport]]:
+        now = self.clock()
+        for url in self.pool.engines:
+            report = self.core.loads.reported(url, now)
+            if report is not None:
+                yield url, report
+
+    async def kv_events_loop(self) -> None:
+        """Subscribe to the engines' KV events while the app runs."""
+        if self.kv_events is not None:
+            await self.kv_events.run()
+
+    async def tokenizer_check_loop(self) -> None:
+        """Check the local tokenizer against each precise engine (Tokenizer.check_loop)."""
+        if self.tokenizer is not None:
+            await self.tokenizer.check_loop(self.precise.models)
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness and why: a policy is loaded and at least one engine is healthy."""
+        if self.drain.started:
+            return False, "shutting down"
+        if not self.pool.ready():
+            return False, "no healthy engine yet"
+        return True, "ready"
