@@ -1,13 +1,16 @@
-"""Helpers shared by every test: free loopback ports and real processes that always stop.
+"""Helpers shared by every test: free loopback ports, real processes that always stop, waits.
 
 Integration tests start ``kvrouter`` subcommands as real processes on 127.0.0.1 with
 ``start_kvrouter``; the returned handle stops the process (SIGTERM, then SIGKILL) when the
-test ends, whatever happened in it.
+test ends, whatever happened in it. ``eventually`` is the one way an async test waits for
+something to become true.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import json
 import os
 import signal
@@ -17,10 +20,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
 # kvrouter from this checkout, run by the interpreter running the tests.
 CHECKOUT_KVROUTER = (sys.executable, "-m", "router.cli")
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -146,6 +150,37 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> N
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+# A deadline of its own, not asyncio.timeout: the probe must get a last chance at the deadline
+# and the last AssertionError must surface, where a cancelled await would lose both.
+async def eventually(
+    probe: Callable[[], Awaitable[T] | T],
+    *,
+    timeout: float = 10.0,  # noqa: ASYNC109
+    interval: float = 0.05,
+) -> T:
+    """``probe``'s first truthy value, asked every ``interval`` seconds for up to ``timeout``.
+
+    ``probe`` (plain or async) says "not yet" by returning a falsy value or raising
+    AssertionError. At the timeout the last AssertionError is raised again, so the failure
+    reads like the assertion that never held; any other exception ends the wait at once.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            value = probe()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value
+            failure = AssertionError(f"still {value!r} after {timeout} s")
+        except AssertionError as e:
+            failure = e
+        if loop.time() >= deadline:
+            raise failure
+        await asyncio.sleep(min(interval, max(0.0, deadline - loop.time())))
 
 
 def status_of(url: str) -> int:
