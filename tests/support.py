@@ -1,75 +1,41 @@
-"""Helpers shared by every test: free loopback ports, real processes that always stop, waits.
+"""Helpers shared by every test: real kvrouter processes, waits, metrics.
 
 Integration tests start ``kvrouter`` subcommands as real processes on 127.0.0.1 with
-``start_kvrouter``; the returned handle stops the process (SIGTERM, then SIGKILL) when the
-test ends, whatever happened in it. ``eventually`` is the one way an async test waits for
-something to become true.
+``start_kvrouter``, on the package's fleet helper (router.commands.fleet, whose ``Proc``,
+``free_port`` and ``running`` are re-exported here); the returned handle stops the process
+(SIGTERM, then SIGKILL) when the test ends, whatever happened in it. ``eventually`` is the one
+way an async test waits for something to become true.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from router.commands.fleet import KVROUTER, start, wait_ready
+
+# The fleet's own, for every test to take from here.
+from router.commands.fleet import LOOPBACK as LOOPBACK
+from router.commands.fleet import Proc as Proc
+from router.commands.fleet import free_port as free_port
+from router.commands.fleet import free_ports as free_ports
+from router.commands.fleet import running as running
+
 ROOT = Path(__file__).resolve().parent.parent
-LOOPBACK = "127.0.0.1"
 # kvrouter from this checkout, run by the interpreter running the tests.
-CHECKOUT_KVROUTER = (sys.executable, "-m", "router.cli")
+CHECKOUT_KVROUTER = KVROUTER
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Proc:
-    """A running kvrouter subprocess and where it listens."""
-
-    popen: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
-        """Stop the process (``sig`` first, SIGKILL after ``timeout``); return its exit code."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout)
-        return int(self.popen.returncode)
 
 
 def wait_http(
@@ -78,25 +44,14 @@ def wait_http(
     proc: Proc | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> None:
-    """Poll ``url`` (with ``headers``) until it answers 200 (bounded by ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc is not None and not proc.alive():
-            raise RuntimeError(f"process exited early:\n{proc.log()}")
-        try:
-            req = urllib.request.Request(url, headers={**(headers or {})})
-            with urllib.request.urlopen(req, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except urllib.error.HTTPError as e:
-            e.close()  # an unclosed error response leaks its socket
-            last = e
-        except (urllib.error.URLError, OSError) as e:
-            last = e
-        time.sleep(0.05)
-    detail = proc.log() if proc is not None else ""
-    raise TimeoutError(f"{url} not ready after {timeout}s ({last})\n{detail}")
+    """Poll ``url`` (with ``headers``) until it answers 200 (bounded by ``timeout``); a failure
+    carries ``proc``'s log, so the test report shows why."""
+    try:
+        wait_ready(url, proc=proc, timeout=timeout, headers=headers)
+    except (RuntimeError, TimeoutError) as e:
+        if proc is None:
+            raise
+        raise type(e)(f"{e}\n{proc.log()}") from None
 
 
 def start_kvrouter(
@@ -119,27 +74,13 @@ def start_kvrouter(
     """
     port = port or free_port()
     log_path = tmp_path / f"kvrouter-{args[0]}-{port}.log"
-    full_env = {**(os.environ if base_env is None else base_env), **(env or {})}
-    cmd = [*command, *args, "--port", str(port)]
-    with open(log_path, "wb") as log:
-        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd)
-    proc = Proc(popen, port, log_path)
+    proc = start(args, log_path, port=port, command=command, env=env, base_env=base_env, cwd=cwd)
     try:
         wait_http(f"{proc.url}{ready_path}", timeout, proc, ready_headers)
     except BaseException:
         proc.stop(signal.SIGKILL)
         raise
     return proc
-
-
-@contextlib.contextmanager
-def running(procs: list[Proc]) -> Iterator[list[Proc]]:
-    """Stop every process in ``procs`` on exit, including ones appended inside the block."""
-    try:
-        yield procs
-    finally:
-        for p in reversed(procs):
-            p.stop()
 
 
 def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:

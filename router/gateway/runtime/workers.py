@@ -35,7 +35,6 @@ import multiprocessing.connection
 import os
 import secrets
 import signal
-import socket
 import sys
 import threading
 import time
@@ -44,6 +43,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from router import hostport
+from router.commands.fleet import free_ports
 from router.core.fields import ConfigError
 from router.gateway.config.settings import Config, GossipTls
 from router.gateway.replicas.replica import POD_NAME_ENV, WILDCARDS, gossip_config
@@ -61,18 +61,6 @@ STOP_MARGIN_S = 5.0
 POLL_S = 0.5
 
 
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports nothing listens on right now."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind((LOOPBACK, 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _node_id(cfg: Config, environ: Mapping[str, str], index: int) -> str:
     """A configured node id (or pod name) made unique per worker; empty: the default."""
     base = cfg.gossip.node_id or environ.get(POD_NAME_ENV, "")
@@ -84,7 +72,7 @@ def worker_gossip(cfg: Config, n: int, environ: Mapping[str, str]) -> list[Gossi
     g = cfg.gossip
     out: list[GossipConfig] = []
     if not g.enabled:
-        ports = _free_ports(n)
+        ports = free_ports(n)
         env = dict(environ)
         if not env.get(g.secret_env):
             env[g.secret_env] = secrets.token_urlsafe(32)

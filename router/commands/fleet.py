@@ -1,0 +1,165 @@
+"""Real kvrouter processes on loopback: started, waited for, always stopped.
+
+What ``kvrouter demo``, the integration tests and the benchmarks share. ``start`` runs a
+kvrouter subcommand (or any command that takes ``--port``) on a free loopback port, its output
+appended to a log file; ``wait_ready`` polls one of its HTTP paths until it answers 200;
+``running`` stops every process it holds when its block ends, whatever happened inside (SIGTERM
+to all at once, SIGKILL to those still up after the grace).
+
+Only the standard library: the installed wheel's tests use it from outside the checkout, and
+the gateway's worker supervisor takes its free ports from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+# kvrouter as this interpreter runs it: from the checkout in development, else the installed one.
+KVROUTER = (sys.executable, "-m", "router.cli")
+# A gateway drains in-flight requests on SIGTERM; 10 s covers a test's or the demo's longest.
+STOP_GRACE_S = 10.0
+READY_TIMEOUT_S = 30.0
+POLL_S = 0.05
+
+
+def free_ports(n: int = 1) -> list[int]:
+    """``n`` distinct loopback TCP ports that nothing listens on right now."""
+    # All bound at once, so the kernel cannot hand out the same port twice.
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((LOOPBACK, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port() -> int:
+    """One loopback TCP port that nothing listens on right now."""
+    return free_ports(1)[0]
+
+
+@dataclass
+class Proc:
+    """A started process, where it listens on loopback and where its output goes."""
+
+    popen: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    name: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_GRACE_S) -> int:
+        """Stop the process (``sig`` first, SIGKILL after ``timeout``); return its exit code."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+        return self.reap(timeout)
+
+    def reap(self, timeout: float = STOP_GRACE_S) -> int:
+        """Wait for the process to exit (SIGKILL after ``timeout``); return its exit code."""
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout)
+        return int(self.popen.returncode)
+
+
+def start(
+    args: Sequence[str],
+    log_path: Path,
+    *,
+    name: str = "",
+    port: int = 0,
+    host: str | None = None,
+    command: Sequence[str] = KVROUTER,
+    env: Mapping[str, str] | None = None,
+    base_env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Proc:
+    """Start ``COMMAND ARGS [--host HOST] --port PORT`` (a free port when 0), not waiting.
+
+    Its output is appended to ``log_path`` (several processes may share one); its environment
+    is ``env`` over ``base_env`` (default: this process's).
+    """
+    port = port or free_port()
+    full_env = {**(os.environ if base_env is None else base_env), **(env or {})}
+    cmd = [*command, *args, *(["--host", host] if host else []), "--port", str(port)]
+    with log_path.open("ab") as log:
+        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd)
+    return Proc(popen, port, log_path, name or f"{args[0] if args else command[-1]}:{port}")
+
+
+def wait_ready(
+    url: str,
+    *,
+    proc: Proc | None = None,
+    timeout: float = READY_TIMEOUT_S,
+    headers: Mapping[str, str] | None = None,
+) -> None:
+    """Poll ``GET url`` (with ``headers``) until it answers 200, for up to ``timeout`` seconds.
+
+    Raises RuntimeError when ``proc`` exits first and TimeoutError at the timeout, each naming
+    the process's log.
+    """
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    where = f"; its log: {proc.log_path}" if proc is not None else ""
+    while time.monotonic() < deadline:
+        if proc is not None and not proc.alive():
+            code = proc.popen.returncode
+            raise RuntimeError(f"{proc.name} exited with code {code} before {url} answered{where}")
+        try:
+            req = urllib.request.Request(url, headers={**(headers or {})})
+            with urllib.request.urlopen(req, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except urllib.error.HTTPError as e:
+            e.close()  # an unclosed error response leaks its socket
+            last = e
+        except (urllib.error.URLError, OSError) as e:
+            last = e
+        time.sleep(POLL_S)
+    raise TimeoutError(f"{url} not ready after {timeout} s ({last}){where}")
+
+
+def stop_all(procs: Sequence[Proc], timeout: float = STOP_GRACE_S) -> None:
+    """Signal every process still up, newest first, then wait for each (SIGKILL after
+    ``timeout``): they drain side by side, not one after another."""
+    for p in reversed(procs):
+        if p.alive():
+            p.popen.send_signal(signal.SIGTERM)
+    for p in reversed(procs):
+        p.reap(timeout)
+
+
+@contextlib.contextmanager
+def running(procs: list[Proc] | None = None) -> Iterator[list[Proc]]:
+    """A list of processes, every one stopped on exit, including those appended inside."""
+    held = [] if procs is None else procs
+    try:
+        yield held
+    finally:
+        stop_all(held)
