@@ -13,7 +13,6 @@ import asyncio
 import inspect
 import json
 import signal
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from router.commands.fleet import KVROUTER, start, wait_ready
 
@@ -30,7 +28,12 @@ from router.commands.fleet import LOOPBACK as LOOPBACK
 from router.commands.fleet import Proc as Proc
 from router.commands.fleet import free_port as free_port
 from router.commands.fleet import free_ports as free_ports
+from router.commands.fleet import http_json as http_json
+from router.commands.fleet import metric as metric
+from router.commands.fleet import metric_in as metric_in
+from router.commands.fleet import metrics_text as metrics_text
 from router.commands.fleet import running as running
+from router.commands.fleet import wait_until as wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 # kvrouter from this checkout, run by the interpreter running the tests.
@@ -83,16 +86,6 @@ def start_kvrouter(
     return proc
 
 
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Poll ``check`` until it holds (bounded by ``timeout``); fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 # A deadline of its own, not asyncio.timeout: the probe must get a last chance at the deadline
 # and the last AssertionError must surface, where a cancelled await would lose both.
 async def eventually(
@@ -134,16 +127,6 @@ def status_of(url: str) -> int:
         return int(e.code)
 
 
-def http_json(url: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
-    """GET ``url`` (POST ``body`` as JSON when given) and parse the JSON answer."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={**(headers or {})})
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
-
-
 def readiness(proc: Proc) -> dict[str, Any]:
     """The gateway's /ready body, whether it answers 200 or 503 (not every backend up yet)."""
     try:
@@ -152,27 +135,6 @@ def readiness(proc: Proc) -> dict[str, Any]:
         with e:
             result = json.loads(e.read())
     return result
-
-
-def metrics_text(proc: Proc) -> str:
-    """The process's Prometheus exposition."""
-    with urllib.request.urlopen(f"{proc.url}/metrics", timeout=10) as r:
-        text: str = r.read().decode()
-    return text
-
-
-def metric_in(text: str, name: str, **labels: str) -> float:
-    """The sum of the samples of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
-
-
-def metric(proc: Proc, name: str, **labels: str) -> float:
-    return metric_in(metrics_text(proc), name, **labels)
 
 
 async def ametric(proc: Proc, name: str, **labels: str) -> float:

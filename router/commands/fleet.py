@@ -4,15 +4,17 @@ What ``kvrouter demo``, the integration tests and the benchmarks share. ``start`
 kvrouter subcommand (or any command that takes ``--port``) on a free loopback port, its output
 appended to a log file; ``wait_ready`` polls one of its HTTP paths until it answers 200;
 ``running`` stops every process it holds when its block ends, whatever happened inside (SIGTERM
-to all at once, SIGKILL to those still up after the grace).
+to all at once, SIGKILL to those still up after the grace). ``wait_until``, ``http_json`` and
+``metric`` ask a running fleet how it is doing, without an event loop.
 
-Only the standard library: the installed wheel's tests use it from outside the checkout, and
-the gateway's worker supervisor takes its free ports from here.
+The standard library and the package's own dependencies only: the installed wheel's tests use
+it from outside the checkout, and the gateway's worker supervisor takes its free ports here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -21,9 +23,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 LOOPBACK = "127.0.0.1"
 # kvrouter as this interpreter runs it: from the checkout in development, else the installed one.
@@ -163,3 +168,45 @@ def running(procs: list[Proc] | None = None) -> Iterator[list[Proc]]:
         yield held
     finally:
         stop_all(held)
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll ``check`` until it holds (bounded by ``timeout``); fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(POLL_S)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def http_json(url: str, body: Any = None, headers: Mapping[str, str] | None = None) -> Any:
+    """GET ``url`` (POST ``body`` as JSON when given) and parse the JSON answer."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={**(headers or {})})
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def metrics_text(proc: Proc) -> str:
+    """The process's Prometheus exposition."""
+    with urllib.request.urlopen(f"{proc.url}/metrics", timeout=10) as r:
+        text: str = r.read().decode()
+    return text
+
+
+def metric_in(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def metric(proc: Proc, name: str, **labels: str) -> float:
+    """``metric_in`` of the process's /metrics now."""
+    return metric_in(metrics_text(proc), name, **labels)
