@@ -10,18 +10,18 @@ way an async test waits for something to become true.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
-import signal
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
 
-from router.commands.fleet import KVROUTER, start, wait_ready
+from router.commands.fleet import KVROUTER, start_ready, wait_ready
 
 # The fleet's own, for every test to take from here.
 from router.commands.fleet import LOOPBACK as LOOPBACK
@@ -49,12 +49,8 @@ def wait_http(
 ) -> None:
     """Poll ``url`` (with ``headers``) until it answers 200 (bounded by ``timeout``); a failure
     carries ``proc``'s log, so the test report shows why."""
-    try:
+    with _log_in_failure(proc.log_path if proc is not None else None):
         wait_ready(url, proc=proc, timeout=timeout, headers=headers)
-    except (RuntimeError, TimeoutError) as e:
-        if proc is None:
-            raise
-        raise type(e)(f"{e}\n{proc.log()}") from None
 
 
 def start_kvrouter(
@@ -73,17 +69,33 @@ def start_kvrouter(
     """Start ``kvrouter ARGS --port PORT`` and wait until ``ready_path`` answers 200.
 
     ``command`` runs kvrouter (default: the checkout's), in ``cwd``, with ``env`` over
-    ``base_env`` (default: this process's environment).
+    ``base_env`` (default: this process's environment); its log is a file in ``tmp_path``.
     """
     port = port or free_port()
-    log_path = tmp_path / f"kvrouter-{args[0]}-{port}.log"
-    proc = start(args, log_path, port=port, command=command, env=env, base_env=base_env, cwd=cwd)
+    with _log_in_failure(tmp_path / f"kvrouter-{args[0]}-{port}.log"):
+        return start_ready(
+            args,
+            tmp_path,
+            ready_path=ready_path,
+            timeout=timeout,
+            ready_headers=ready_headers,
+            port=port,
+            command=command,
+            env=env,
+            base_env=base_env,
+            cwd=cwd,
+        )
+
+
+@contextlib.contextmanager
+def _log_in_failure(log: Path | None) -> Iterator[None]:
+    """A process that never got ready fails the test with its log in the message."""
     try:
-        wait_http(f"{proc.url}{ready_path}", timeout, proc, ready_headers)
-    except BaseException:
-        proc.stop(signal.SIGKILL)
-        raise
-    return proc
+        yield
+    except (RuntimeError, TimeoutError) as e:
+        if log is None or not log.exists():
+            raise
+        raise type(e)(f"{e}\n{log.read_text(errors='replace')}") from None
 
 
 # A deadline of its own, not asyncio.timeout: the probe must get a last chance at the deadline

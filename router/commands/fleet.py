@@ -94,7 +94,7 @@ class Proc:
 
 def start(
     args: Sequence[str],
-    log_path: Path,
+    log: Path,
     *,
     name: str = "",
     port: int = 0,
@@ -106,15 +106,38 @@ def start(
 ) -> Proc:
     """Start ``COMMAND ARGS [--host HOST] --port PORT`` (a free port when 0), not waiting.
 
-    Its output is appended to ``log_path`` (several processes may share one); its environment
-    is ``env`` over ``base_env`` (default: this process's).
+    Its output is appended to ``log``, a file (several processes may share one) or a folder
+    (then a file of its own in it, named after the subcommand and port); its environment is
+    ``env`` over ``base_env`` (default: this process's).
     """
     port = port or free_port()
+    what = args[0] if args else Path(command[-1]).name
+    log_path = log / f"kvrouter-{what}-{port}.log" if log.is_dir() else log
     full_env = {**(os.environ if base_env is None else base_env), **(env or {})}
     cmd = [*command, *args, *(["--host", host] if host else []), "--port", str(port)]
-    with log_path.open("ab") as log:
-        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd)
-    return Proc(popen, port, log_path, name or f"{args[0] if args else command[-1]}:{port}")
+    with log_path.open("ab") as out:
+        popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=cwd)
+    return Proc(popen, port, log_path, name or f"{what}:{port}")
+
+
+def start_ready(
+    args: Sequence[str],
+    log: Path,
+    *,
+    ready_path: str = "/health",
+    timeout: float = READY_TIMEOUT_S,
+    ready_headers: Mapping[str, str] | None = None,
+    **how: Any,
+) -> Proc:
+    """``start`` (``how``: its keywords), then ``wait_ready`` on ``ready_path``; a process
+    that never gets ready is killed before the error propagates."""
+    proc = start(args, log, **how)
+    try:
+        wait_ready(f"{proc.url}{ready_path}", proc=proc, timeout=timeout, headers=ready_headers)
+    except BaseException:
+        proc.stop(signal.SIGKILL)
+        raise
+    return proc
 
 
 def wait_ready(
