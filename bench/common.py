@@ -1,4 +1,8 @@
-"""Pieces the gateway benchmarks share: CPU clocks, chat bodies, streamed timings, drivers.
+"""Pieces the gateway benchmarks share: CPU clocks, chat bodies, streamed timings, drivers,
+gossiping replicas, and the report's markdown.
+
+Processes (start, wait, stop, free ports, metrics) come from the package's fleet helper,
+router.commands.fleet, as the demo's and the tests' do.
 
 Timings are taken at the client: a streamed request's TTFT is the time from sending it to the
 first ``data:`` bytes, its total time runs to the end of the stream. CPU time is read from
@@ -8,19 +12,26 @@ first ``data:`` bytes, its total time runs to the end of the stream. CPU time is
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 import aiohttp
 import orjson
 
+from router.commands.fleet import Proc, metric
 from router.gateway.openai.sse import Decoder
 from router.gateway.upstream.headers import usage_counts
 
 CHAT = "/v1/chat/completions"
+# The secret the benchmarks' gossiping replicas share; they never leave loopback.
+GOSSIP_SECRET = "replicas-hit-ratio-bench-secret-0123"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # A body factory: request number -> JSON body.
@@ -215,3 +226,39 @@ async def read_stream(http: aiohttp.ClientSession, url: str, data: bytes) -> Str
                 if '"usage"' in ev.data:
                     out.usage = usage_counts(orjson.loads(ev.data).get("usage"))
     return out
+
+
+def alive_peers(proc: Proc) -> float:
+    """How many gossip peers the replica ``proc`` sees alive."""
+    return metric(proc, "kvrouter_gossip_peers", state="alive")
+
+
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table, as bench/RESULTS.md quotes them."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def print_report(
+    title: str, table: str, records: Sequence[Mapping[str, object]] | None = None
+) -> None:
+    """A run's report on stdout: what was run, its table, and (``--json``) its records."""
+    print(f"{title}\n")
+    print(table)
+    if records is not None:
+        print(json.dumps(list(records), indent=2))
+
+
+def _raise_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def stopping_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit, so ``running`` stops every process on the way out."""
+    previous = signal.signal(signal.SIGTERM, _raise_exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

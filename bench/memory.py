@@ -44,7 +44,10 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from tests.support import CHECKOUT_KVROUTER, ROOT, Proc, free_port, running, start_kvrouter
+from router.commands.fleet import KVROUTER, Proc, free_port, running, start_ready
+
+# The source tree this bench belongs to: kvrouter runs from it unless --checkout says otherwise.
+CHECKOUT = Path(__file__).resolve().parent.parent
 
 MIB = 1024 * 1024
 
@@ -223,11 +226,11 @@ def run_case(
         policy = tmp / "sessions.yaml"
         policy.write_text(SESSION_POLICY)
         config.write_text(f"limits: {{max_body_bytes: {limit}}}\npolicy: {policy}\n")
-    command, cwd, env = CHECKOUT_KVROUTER, ROOT, None
+    command, cwd, env = KVROUTER, CHECKOUT, None
     if args.checkout:
         cwd = Path(args.checkout).resolve()
         env = {"PYTHONPATH": str(cwd)}
-    router = start_kvrouter(
+    router = start_ready(
         ["serve", "--config", str(config), "--host", "127.0.0.1", "--backend", engine],
         tmp,
         ready_path="/ready",
@@ -282,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp, running([]) as procs:
         tmp_path = Path(tmp)
-        engine = start_kvrouter(["engine-sim", "--fast"], tmp_path)
+        engine = start_ready(["engine-sim", "--fast"], tmp_path)
         procs.append(engine)
         for case in args.cases:
             if case == "answers":
@@ -290,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(run_case(case, url, tmp_path, procs, args))
             else:
                 rows.append(run_case(case, engine.url, tmp_path, procs, args))
-    source = args.checkout or os.path.relpath(ROOT)
+    source = args.checkout or os.path.relpath(CHECKOUT)
     print(f"kvrouter from {source}; {args.bodies} bodies at once,", end=" ")
     print(f"max_body_bytes {args.body_mib} MiB")
     print(

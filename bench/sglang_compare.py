@@ -113,21 +113,21 @@ import aiohttp
 import orjson
 
 from bench.common import (
+    GOSSIP_SECRET,
     LoadResult,
     Timing,
+    alive_peers,
     chat_body,
     closed_loop,
     interleaved,
     read_stream,
     tree_cpu_seconds,
 )
-from bench.replicas_hit_ratio import SECRET as GOSSIP_SECRET
-from bench.replicas_hit_ratio import alive_peers
+from router.commands.fleet import LOOPBACK, Proc, free_port, running, start_ready
 from router.core.engine_model import EngineSpec
 from router.core.stats import percentile
 from router.core.workload import HotspotSpec, SyntheticSpec, TraceRequest, from_mooncake, hotspot
 from router.presets import preset_text
-from tests.support import LOOPBACK, Proc, free_port, running, start_kvrouter
 
 MODEL = "sim-model"
 COMPLETIONS = "/v1/completions"
@@ -240,9 +240,9 @@ def start_router(
     args += extra
     env = {"KVROUTER_GOSSIP_SECRET": GOSSIP_SECRET}  # for --replicas; never leaves loopback
     if name != BASELINE:
-        return start_kvrouter(args, tmp, ready_path="/ready", timeout=STARTUP_TIMEOUT_S, env=env)
+        return start_ready(args, tmp, ready_path="/ready", timeout=STARTUP_TIMEOUT_S, env=env)
     assert checkout is not None, "the baseline runs from a checkout"
-    return start_kvrouter(
+    return start_ready(
         args,
         tmp,
         ready_path="/ready",
@@ -288,7 +288,7 @@ def start_routers(
 def start_engines(n: int, flags: Sequence[str], tmp: Path, procs: list[Proc]) -> list[Proc]:
     engines = []
     for _ in range(n):
-        engines.append(start_kvrouter(["engine-sim", "--host", LOOPBACK, *flags], tmp))
+        engines.append(start_ready(["engine-sim", "--host", LOOPBACK, *flags], tmp))
         procs.append(engines[-1])
     return engines
 
@@ -915,9 +915,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--speedup", type=float, help="divide arrival times by this (trace 6, hotspot 3)"
     )
     q.add_argument("--engines-quality", type=int, default=4)
-    # Unset engine settings take the workload's defaults (resolve_quality). For a trace: the
-    # runs in RESULTS.md, made when engine-sim counted a Mooncake word of two tokens as one,
-    # used 500,000 and 40,000: the same amount of text and the same prefill time.
+    # Unset engine settings take the workload's defaults (resolve_quality). RESULTS.md counts
+    # the trace runs in Mooncake words, two of engine-sim's tokens each: its 500,000-token
+    # cache and 40,000 prefill tokens/s are the trace defaults' 1,000,000 and 80,000.
     q.add_argument("--kv-capacity-tokens", type=int, help="trace 1000000, hotspot 400000")
     q.add_argument(
         "--prefill-tokens-per-s", type=float, help="trace 80000, hotspot 10000 x speedup"
