@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import dataclasses
 import time
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -37,7 +38,7 @@ from router.commands.demo_workload import (
     send,
     wait_fleet,
 )
-from router.commands.fleet import LOOPBACK, running, start
+from router.commands.fleet import LOOPBACK, Proc, metric, running, start, wait_until
 from router.core.workload import TraceRequest, synthetic
 
 
@@ -89,16 +90,8 @@ async def _drive(
     return out
 
 
-async def _wait_reload(session: aiohttp.ClientSession, url: str, count: int) -> None:
-    deadline = time.monotonic() + 20
-    line = 'kvrouter_policy_reloads_total{result="success"}'
-    while time.monotonic() < deadline:
-        async with session.get(f"{url}/metrics") as r:
-            for text in (await r.text()).splitlines():
-                if text.startswith(line) and float(text.split()[-1]) >= count:
-                    return
-        await asyncio.sleep(0.2)
-    raise RuntimeError("the gateway did not pick up the new policy within 20 s")
+def _reloaded(gateway: Proc, count: int) -> bool:
+    return metric(gateway, "kvrouter_policy_reloads_total", result="success") >= count
 
 
 def _table(rows: list[PhaseResult]) -> str:
@@ -144,7 +137,8 @@ async def _main(args: argparse.Namespace, workdir: Path) -> list[PhaseResult]:
                 async with session.post(f"{e.url}/reset") as r:
                     r.raise_for_status()
             install_policy("kv-aware", policy_file)
-            await _wait_reload(session, gateway.url, 1)
+            what = "the gateway to pick up the new policy"
+            await asyncio.to_thread(wait_until, partial(_reloaded, gateway, 1), what, 20)
             results.append(await _drive(session, gateway.url, trace, "kv-aware", args.concurrency))
     return results
 

@@ -38,7 +38,7 @@ from router.commands.demo_workload import (
     send,
     wait_fleet,
 )
-from router.commands.fleet import LOOPBACK, Proc, free_ports, running, start
+from router.commands.fleet import LOOPBACK, Proc, free_ports, metric, running, start
 from router.core.workload import TraceRequest, synthetic
 
 # Engine-0 is reset when the request at this share of the workload is due.
@@ -136,13 +136,6 @@ async def _wait_all_healthy(session: aiohttp.ClientSession, gateway: Proc) -> No
     )
 
 
-async def _metric_sum(session: aiohttp.ClientSession, url: str, name: str) -> int:
-    """The sum of a counter's series on a /metrics page."""
-    async with session.get(f"{url}/metrics") as r:
-        text = await r.text()
-    return int(sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(name + "{")))
-
-
 async def _routing_run(
     routing: str,
     trace: list[TraceRequest],
@@ -176,7 +169,8 @@ async def _routing_run(
             await _wait_all_healthy(session, gateway)
             await _drive_mixed(session, gateway, engines, trace, plan, out, args.concurrency)
             if precise:
-                out.kv_events = await _metric_sum(session, gateway.url, "kvrouter_kv_events_total")
+                received = await asyncio.to_thread(metric, gateway, "kvrouter_kv_events_total")
+                out.kv_events = int(received)
     return out
 
 

@@ -200,7 +200,7 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> N
         if check():
             return
         time.sleep(POLL_S)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise TimeoutError(f"timed out waiting for {what} ({timeout} s)")
 
 
 def http_json(url: str, body: Any = None, headers: Mapping[str, str] | None = None) -> Any:
