@@ -35,7 +35,7 @@ event, of routed requests. Every wait and the whole replay are bounded.
 
 ``--tokenizer`` gives every engine-sim of every run a model's tokenizer, so prompts count in
 its ids, and adds ``precise-local``. ``words`` makes one here with an id per word of the run's
-own prompts (``tests.tokenizer_files.write_word_tokenizer``; a Mooncake word is 8 characters,
+own prompts (``bench.common.write_word_tokenizer``; a Mooncake word is 8 characters,
 so a prompt counts half the tokens it does without a tokenizer): a lookup per word, so that
 four engines and the router tokenizing every prompt do not swamp a small machine. The table's
 ``/tokenize`` column counts the round trips the engines answered.
@@ -59,7 +59,13 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.common import markdown_table, print_report, read_stream, stopping_on_sigterm
+from bench.common import (
+    markdown_table,
+    print_report,
+    read_stream,
+    stopping_on_sigterm,
+    write_word_tokenizer,
+)
 from router.commands.fleet import (
     LOOPBACK,
     Proc,
@@ -73,7 +79,6 @@ from router.commands.fleet import (
 from router.core.stats import percentile
 from router.core.workload import from_mooncake
 from router.presets import preset_text
-from tests.tokenizer_files import write_word_tokenizer
 
 MODEL = "sim-model"
 COMPLETIONS = "/v1/completions"
