@@ -53,7 +53,7 @@ import orjson
 
 from bench.common import markdown_table, read_stream, tree_cpu_seconds
 from bench.peers import BASELINE, MODEL, start_engines, start_routers
-from router.commands.fleet import Proc, running
+from router.commands.fleet import Proc, http_json, running
 from router.core.engine_model import EngineSpec
 from router.core.stats import percentile
 from router.core.workload import HotspotSpec, SyntheticSpec, TraceRequest, from_mooncake, hotspot
@@ -236,28 +236,18 @@ async def replay(
     return out
 
 
-async def _engine_stats(http: aiohttp.ClientSession, engines: Sequence[Proc]) -> list[Any]:
-    stats = []
+def engine_stats(engines: Sequence[Proc]) -> list[Any]:
+    """Every engine's GET /stats."""
+    return [http_json(f"{e.url}/stats") for e in engines]
+
+
+def reset_engines(engines: Sequence[Proc]) -> None:
+    """Every engine's cache and counters emptied (POST /reset), and checked to be."""
     for e in engines:
-        async with http.get(e.url + "/stats") as r:
-            r.raise_for_status()
-            stats.append(await r.json())
-    return stats
-
-
-async def reset_engines(engines: Sequence[Proc]) -> None:
-    async with aiohttp.ClientSession() as http:
-        for e in engines:
-            async with http.post(e.url + "/reset") as r:
-                r.raise_for_status()
-        for s in await _engine_stats(http, engines):
-            if s["requests"] or s["cache_tokens"] or s["running"] or s["waiting"]:
-                raise RuntimeError(f"an engine is not idle and empty after /reset: {s}")
-
-
-async def engine_stats(engines: Sequence[Proc]) -> list[Any]:
-    async with aiohttp.ClientSession() as http:
-        return await _engine_stats(http, engines)
+        http_json(f"{e.url}/reset", {})
+    for s in engine_stats(engines):
+        if s["requests"] or s["cache_tokens"] or s["running"] or s["waiting"]:
+            raise RuntimeError(f"an engine is not idle and empty after /reset: {s}")
 
 
 @dataclass
@@ -324,7 +314,7 @@ def run_quality(args: argparse.Namespace, tmp: Path) -> str:
     with running([]) as procs:
         engines = start_engines(args.engines_quality, engine_flags, tmp, procs)
         for name in args.routers:
-            asyncio.run(reset_engines(engines))
+            reset_engines(engines)
             own_policy = policy_file if name in ("kvrouter kv-aware", BASELINE) else None
             routers = start_routers(
                 name, engines, tmp, own_policy, args.replicas, args.baseline, config
@@ -335,7 +325,7 @@ def run_quality(args: argparse.Namespace, tmp: Path) -> str:
             urls = [r.url for r in routers]
             rep = asyncio.run(replay(urls, trace, args.speedup, args.max_output_tokens))
             cpu = sum(tree_cpu_seconds(r.popen.pid) for r in routers) - cpu0
-            stats = asyncio.run(engine_stats(engines))
+            stats = engine_stats(engines)
             for r in routers:
                 r.stop()
                 procs.remove(r)

@@ -127,11 +127,20 @@ def start_ready(
     ready_path: str = "/health",
     timeout: float = READY_TIMEOUT_S,
     ready_headers: Mapping[str, str] | None = None,
-    **how: Any,
+    name: str = "",
+    port: int = 0,
+    host: str | None = None,
+    command: Sequence[str] = KVROUTER,
+    env: Mapping[str, str] | None = None,
+    base_env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> Proc:
-    """``start`` (``how``: its keywords), then ``wait_ready`` on ``ready_path``; a process
+    """``start``, then ``wait_ready`` on ``ready_path`` (with ``ready_headers``); a process
     that never gets ready is killed before the error propagates."""
-    proc = start(args, log, **how)
+    proc = start(
+        args, log, name=name, port=port, host=host, command=command, env=env, base_env=base_env,
+        cwd=cwd,
+    )  # fmt: skip
     try:
         wait_ready(f"{proc.url}{ready_path}", proc=proc, timeout=timeout, headers=ready_headers)
     except BaseException:
