@@ -44,7 +44,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from router.commands.fleet import KVROUTER, Proc, free_port, running, start_ready
+from router.commands.fleet import KVROUTER, LOOPBACK, Proc, free_port, running, start_ready
 
 # The source tree this bench belongs to: kvrouter runs from it unless --checkout says otherwise.
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -142,7 +142,7 @@ def huge_engine(answer_bytes: int) -> Iterator[str]:
         )
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await web.TCPSite(runner, LOOPBACK, port).start()
         return runner
 
     def run() -> None:
@@ -156,7 +156,7 @@ def huge_engine(answer_bytes: int) -> Iterator[str]:
     thread.start()
     started.wait(10)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{LOOPBACK}:{port}"
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
@@ -231,7 +231,7 @@ def run_case(
         cwd = Path(args.checkout).resolve()
         env = {"PYTHONPATH": str(cwd)}
     router = start_ready(
-        ["serve", "--config", str(config), "--host", "127.0.0.1", "--backend", engine],
+        ["serve", "--config", str(config), "--host", LOOPBACK, "--backend", engine],
         tmp,
         ready_path="/ready",
         command=command,

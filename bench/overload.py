@@ -34,7 +34,7 @@ from typing import Any
 
 import aiohttp
 
-from router.commands.fleet import Proc, running, start_ready
+from router.commands.fleet import LOOPBACK, Proc, running, start_ready
 from router.core.stats import percentile
 
 CHAT = "/v1/chat/completions"
@@ -178,7 +178,7 @@ def main() -> None:
             f"engine_waiting_threshold: {args.waiting_threshold}}}\n"
             "limits: {max_attempts: 1}\n"
         )
-        cmd = ["serve", "--config", str(config), "--host", "127.0.0.1", "--policy", "least-load"]
+        cmd = ["serve", "--config", str(config), "--host", LOOPBACK, "--policy", "least-load"]
         for e in engines:
             cmd += ["--engine", e.url]
         router = start_ready(cmd, tmp, ready_path="/ready")

@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.common import chat_body, closed_loop, interleaved, tree_cpu_seconds
-from router.commands.fleet import Proc, running, start_ready
+from router.commands.fleet import LOOPBACK, Proc, running, start_ready
 from router.core.stats import percentile
 
 # With several workers, /ready answers 200 this many times in a row on fresh connections
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             [
                 "serve",
                 "--host",
-                "127.0.0.1",
+                LOOPBACK,
                 "--backend",
                 engine.url,
                 "--log-level",
