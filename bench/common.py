@@ -1,7 +1,7 @@
 """Pieces the gateway benchmarks share: CPU clocks, chat bodies, streamed timings, drivers,
 gossiping replicas, a cheap tokenizer, and the report's markdown.
 
-Processes (start, wait, stop, free ports, metrics) come from the package's fleet helper,
+Processes (start, wait, stop, free ports, metrics) come from the package's fleet module,
 router.commands.fleet, as the demo's and the tests' do.
 
 Timings are taken at the client: a streamed request's TTFT is the time from sending it to the

@@ -1,10 +1,10 @@
-"""Helpers shared by every test: real kvrouter processes, waits, metrics.
+"""What every test shares: real kvrouter processes, waits, metrics.
 
 Integration tests start ``kvrouter`` subcommands as real processes on 127.0.0.1 with
-``start_kvrouter``, on the package's fleet helper (router.commands.fleet, whose ``Proc``,
-``free_port`` and ``running`` are re-exported here); the returned handle stops the process
-(SIGTERM, then SIGKILL) when the test ends, whatever happened in it. ``eventually`` is the one
-way an async test waits for something to become true.
+``start_kvrouter``, built on the package's fleet module (router.commands.fleet, whose ``Proc``,
+``free_port``, ``running``, ``wait_until``, ``http_json`` and ``metric`` are re-exported here);
+the returned handle stops the process (SIGTERM, then SIGKILL) when the test ends, whatever
+happened in it. ``eventually`` is the one way an async test waits for something to become true.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The shared test helpers that hold logic of their own: ``eventually``."""
+"""What tests.support holds beyond plumbing, tested: ``eventually``."""
 
 from __future__ import annotations
 
