@@ -2,9 +2,10 @@
 
 Integration tests start ``kvrouter`` subcommands as real processes on 127.0.0.1 with
 ``start_kvrouter``, built on the package's fleet module (router.commands.fleet, whose ``Proc``,
-``free_port``, ``running``, ``wait_until``, ``http_json`` and ``metric`` are re-exported here);
-the returned handle stops the process (SIGTERM, then SIGKILL) when the test ends, whatever
-happened in it. ``eventually`` is the one way an async test waits for something to become true.
+``free_port``, ``running``, ``http_json`` and ``metric`` are re-exported here); the returned
+handle stops the process (SIGTERM, then SIGKILL) when the test ends, whatever happened in it.
+``wait_until`` polls a condition, failing the test when it never holds; ``eventually`` is the
+one way an async test waits for something to become true.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from router.commands import fleet
 from router.commands.fleet import KVROUTER, start_ready, wait_ready
 
 # The fleet's own, for every test to take from here.
@@ -33,7 +35,6 @@ from router.commands.fleet import metric as metric
 from router.commands.fleet import metric_in as metric_in
 from router.commands.fleet import metrics_text as metrics_text
 from router.commands.fleet import running as running
-from router.commands.fleet import wait_until as wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 # kvrouter from this checkout, run by the interpreter running the tests.
@@ -96,6 +97,15 @@ def _log_in_failure(log: Path | None) -> Iterator[None]:
         if log is None or not log.exists():
             raise
         raise type(e)(f"{e}\n{log.read_text(errors='replace')}") from None
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll ``check`` until it holds (bounded by ``timeout``); an AssertionError naming
+    ``what`` otherwise, so a wait that never ends reads as the test's failure."""
+    try:
+        fleet.wait_until(check, what, timeout)
+    except TimeoutError as e:
+        raise AssertionError(str(e)) from None
 
 
 # A deadline of its own, not asyncio.timeout: the probe must get a last chance at the deadline
