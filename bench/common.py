@@ -1,4 +1,8 @@
-"""Pieces the gateway benchmarks share: CPU clocks, chat bodies, streamed timings, drivers.
+"""Pieces the gateway benchmarks share: CPU clocks, chat bodies, streamed timings, drivers,
+gossiping replicas, a cheap tokenizer, and the report's markdown.
+
+Processes (start, wait, stop, free ports, metrics) come from the package's fleet module,
+router.commands.fleet, as the demo's and the tests' do.
 
 Timings are taken at the client: a streamed request's TTFT is the time from sending it to the
 first ``data:`` bytes, its total time runs to the end of the stream. CPU time is read from
@@ -8,20 +12,30 @@ first ``data:`` bytes, its total time runs to the end of the stream. CPU time is
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 import aiohttp
 import orjson
+from tokenizers import Tokenizer, models, pre_tokenizers
 
+from router.commands.fleet import Proc, metric
 from router.gateway.openai.sse import Decoder
 from router.gateway.upstream.headers import usage_counts
 
 CHAT = "/v1/chat/completions"
+# The secret the benchmarks' gossiping replicas share; they never leave loopback.
+GOSSIP_SECRET = "replicas-hit-ratio-bench-secret-0123"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+UNK = "<unk>"
 
 # A body factory: request number -> JSON body.
 BodyFor = Callable[[int], dict[str, object]]
@@ -215,3 +229,55 @@ async def read_stream(http: aiohttp.ClientSession, url: str, data: bytes) -> Str
                 if '"usage"' in ev.data:
                     out.usage = usage_counts(orjson.loads(ev.data).get("usage"))
     return out
+
+
+def alive_peers(proc: Proc) -> float:
+    """How many gossip peers the replica ``proc`` sees alive."""
+    return metric(proc, "kvrouter_gossip_peers", state="alive")
+
+
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table, as bench/RESULTS.md quotes them."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def print_report(
+    title: str, table: str, records: Sequence[Mapping[str, object]] | None = None
+) -> None:
+    """A run's report on stdout: what was run, its table, and (``--json``) its records."""
+    print(f"{title}\n")
+    print(table)
+    if records is not None:
+        print(json.dumps(list(records), indent=2))
+
+
+def _raise_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def stopping_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit, so ``running`` stops every process on the way out."""
+    previous = signal.signal(signal.SIGTERM, _raise_exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def write_word_tokenizer(folder: Path, corpus: Iterable[str]) -> Path:
+    """A model folder whose tokenizer gives every whitespace-separated word of ``corpus`` one id
+    (any other word: ``<unk>``); returns it.
+
+    A lookup per word, several times cheaper than BPE: for benchmarks where engines and router
+    share a small machine and the encode itself is not what is measured.
+    """
+    words = sorted({w for text in corpus for w in text.split()})
+    vocab = {UNK: 0, **{w: i + 1 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder

@@ -35,7 +35,7 @@ event, of routed requests. Every wait and the whole replay are bounded.
 
 ``--tokenizer`` gives every engine-sim of every run a model's tokenizer, so prompts count in
 its ids, and adds ``precise-local``. ``words`` makes one here with an id per word of the run's
-own prompts (``tests.tokenizer_files.write_word_tokenizer``; a Mooncake word is 8 characters,
+own prompts (``bench.common.write_word_tokenizer``; a Mooncake word is 8 characters,
 so a prompt counts half the tokens it does without a tokenizer): a lookup per word, so that
 four engines and the router tokenizing every prompt do not swamp a small machine. The table's
 ``/tokenize`` column counts the round trips the engines answered.
@@ -48,26 +48,29 @@ import asyncio
 import itertools
 import json
 import random
-import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import aiohttp
 import orjson
 
-from bench.common import read_stream
+from bench.common import (
+    markdown_table,
+    print_report,
+    read_stream,
+    stopping_on_sigterm,
+    write_word_tokenizer,
+)
+from router.commands.fleet import Proc, http_json, metric, running, start_ready, wait_until
 from router.core.stats import percentile
 from router.core.workload import from_mooncake
+from router.hostport import LOOPBACK, free_ports
 from router.presets import preset_text
-from tests.support import LOOPBACK, Proc, free_port, http_json, metric, running, start_kvrouter
-from tests.support import wait_until as wait
-from tests.tokenizer_files import write_word_tokenizer
 
 MODEL = "sim-model"
 COMPLETIONS = "/v1/completions"
@@ -212,8 +215,8 @@ def engine_args(capacity: int, engines: int, events: bool, tokenizer: str | None
     if tokenizer:
         args += ["--tokenizer", tokenizer]
     if events:
-        args += ["--kv-events-port", str(free_port())]
-        args += ["--kv-events-replay-port", str(free_port())]
+        port, replay_port = free_ports(2)
+        args += ["--kv-events-port", str(port), "--kv-events-replay-port", str(replay_port)]
     return args
 
 
@@ -249,8 +252,8 @@ def one_run(
             cmd = engine_args(
                 args.kv_capacity_tokens, args.engines if pooled else 1, precise, args.tokenizer
             )
-            # start_kvrouter appends --port; the event ports are already in the command.
-            engines.append(start_kvrouter(cmd, tmp, timeout=60))
+            # start_ready appends --port; the event ports are already in the command.
+            engines.append(start_ready(cmd, tmp, timeout=60))
             procs.append(engines[-1])
             if precise:
                 events.append(event_endpoints(cmd))
@@ -267,10 +270,10 @@ def one_run(
                 serve += ["--backend", e.url]
                 if precise:
                     serve += ["--kv-events", f"{e.url}={events[i]}"]
-            router = start_kvrouter(serve, tmp, ready_path="/ready", timeout=60)
+            router = start_ready(serve, tmp, ready_path="/ready", timeout=60)
             procs.append(router)
             r = router
-            wait(
+            wait_until(
                 lambda: http_json(f"{r.url}/ready")["healthy_backends"] == n_engines,
                 "every engine healthy",
                 60,
@@ -301,17 +304,15 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f}"
 
 
-def table(results: Sequence[Result]) -> Iterator[str]:
+def table(results: Sequence[Result]) -> str:
     pooled = next((r.hit_ratio for r in results if r.run == "pooled"), 0.0)
     head = [
         "run", "hit ratio (engines)", "x pooled", "routed hit", "bypass hit",
         "TTFT p50 ms", "TTFT p99 ms", "tokenize ms (mean)", "/tokenize", "busiest/mean",
         "failed", "s",
     ]  # fmt: skip
-    yield "| " + " | ".join(head) + " |"
-    yield "|" + "---|" * len(head)
-    for r in results:
-        row = [
+    rows = [
+        [
             r.run,
             f"{r.hit_ratio:.4f}",
             f"{r.hit_ratio / pooled:.3f}" if pooled else "-",
@@ -325,16 +326,14 @@ def table(results: Sequence[Result]) -> Iterator[str]:
             str(r.routed.failed + r.bypass.failed),
             f"{r.seconds:.0f}",
         ]
-        yield "| " + " | ".join(row) + " |"
+        for r in results
+    ]
+    return markdown_table(head, rows)
 
 
 def _tokenize_mean(r: Result) -> str:
     n = r.router_metrics.get("kvrouter_tokenize_seconds_count", 0.0)
     return f"{r.router_metrics['kvrouter_tokenize_seconds_sum'] / n * 1000:.1f}" if n else "-"
-
-
-def _raise_exit(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)  # unwinds through `running`, which stops every process
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,9 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         args.engines,
         args.seed,
     )
-    signal.signal(signal.SIGTERM, _raise_exit)
     results: list[Result] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, stopping_on_sigterm():
         tmp_path = Path(tmp)
         policy = tmp_path / "policy.yaml"
         settings = {"index.engine_capacity_tokens": args.kv_capacity_tokens}
@@ -403,40 +401,33 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
 
     bypassed = sum(1 for w in work if w.bypass_to is not None)
-    print(
+    title = (
         f"{len(work)} requests of {Path(args.trace).name} ({bypassed} straight to the engines, "
         f"round-robin), {args.engines} engine-sims of {args.kv_capacity_tokens:,} tokens of "
         f"cache, engine {args.restart_engine} reset at request "
         f"{int(args.restart_at * len(work))}, concurrency {args.concurrency}, kv-aware, "
         f"tokenize timeout {args.tokenize_timeout} s"
-        f"{', engines tokenize with ' + args.tokenizer if args.tokenizer else ''}\n"
+        f"{', engines tokenize with ' + args.tokenizer if args.tokenizer else ''}"
     )
-    for line in table(results):
-        print(line)
-    if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "run": r.run,
-                        "hit_ratio": r.hit_ratio,
-                        "prompt_tokens": r.prompt_tokens,
-                        "cached_tokens": r.cached_tokens,
-                        "routed_hit_ratio": r.routed.hit_ratio,
-                        "bypass_hit_ratio": r.bypass.hit_ratio,
-                        "ttft_p50_s": percentile(r.routed.ttfts, 50),
-                        "ttft_p99_s": percentile(r.routed.ttfts, 99),
-                        "requests_per_engine": r.requests_per_engine,
-                        "tokenize_calls": r.tokenize_calls,
-                        "failed": r.routed.failed + r.bypass.failed,
-                        "seconds": r.seconds,
-                        "router_metrics": r.router_metrics,
-                    }
-                    for r in results
-                ],
-                indent=2,
-            )
-        )
+    records = [
+        {
+            "run": r.run,
+            "hit_ratio": r.hit_ratio,
+            "prompt_tokens": r.prompt_tokens,
+            "cached_tokens": r.cached_tokens,
+            "routed_hit_ratio": r.routed.hit_ratio,
+            "bypass_hit_ratio": r.bypass.hit_ratio,
+            "ttft_p50_s": percentile(r.routed.ttfts, 50),
+            "ttft_p99_s": percentile(r.routed.ttfts, 99),
+            "requests_per_engine": r.requests_per_engine,
+            "tokenize_calls": r.tokenize_calls,
+            "failed": r.routed.failed + r.bypass.failed,
+            "seconds": r.seconds,
+            "router_metrics": r.router_metrics,
+        }
+        for r in results
+    ]
+    print_report(title, table(results), records if args.json else None)
     return 0
 
 

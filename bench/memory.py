@@ -44,7 +44,11 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from tests.support import CHECKOUT_KVROUTER, ROOT, Proc, free_port, running, start_kvrouter
+from router.commands.fleet import KVROUTER, Proc, running, start_ready
+from router.hostport import LOOPBACK, free_port
+
+# The source tree this bench belongs to: kvrouter runs from it unless --checkout says otherwise.
+CHECKOUT = Path(__file__).resolve().parent.parent
 
 MIB = 1024 * 1024
 
@@ -139,7 +143,7 @@ def huge_engine(answer_bytes: int) -> Iterator[str]:
         )
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await web.TCPSite(runner, LOOPBACK, port).start()
         return runner
 
     def run() -> None:
@@ -153,7 +157,7 @@ def huge_engine(answer_bytes: int) -> Iterator[str]:
     thread.start()
     started.wait(10)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{LOOPBACK}:{port}"
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
@@ -223,12 +227,12 @@ def run_case(
         policy = tmp / "sessions.yaml"
         policy.write_text(SESSION_POLICY)
         config.write_text(f"limits: {{max_body_bytes: {limit}}}\npolicy: {policy}\n")
-    command, cwd, env = CHECKOUT_KVROUTER, ROOT, None
+    command, cwd, env = KVROUTER, CHECKOUT, None
     if args.checkout:
         cwd = Path(args.checkout).resolve()
         env = {"PYTHONPATH": str(cwd)}
-    router = start_kvrouter(
-        ["serve", "--config", str(config), "--host", "127.0.0.1", "--backend", engine],
+    router = start_ready(
+        ["serve", "--config", str(config), "--host", LOOPBACK, "--backend", engine],
         tmp,
         ready_path="/ready",
         command=command,
@@ -282,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp, running([]) as procs:
         tmp_path = Path(tmp)
-        engine = start_kvrouter(["engine-sim", "--fast"], tmp_path)
+        engine = start_ready(["engine-sim", "--fast"], tmp_path)
         procs.append(engine)
         for case in args.cases:
             if case == "answers":
@@ -290,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(run_case(case, url, tmp_path, procs, args))
             else:
                 rows.append(run_case(case, engine.url, tmp_path, procs, args))
-    source = args.checkout or os.path.relpath(ROOT)
+    source = args.checkout or os.path.relpath(CHECKOUT)
     print(f"kvrouter from {source}; {args.bodies} bodies at once,", end=" ")
     print(f"max_body_bytes {args.body_mib} MiB")
     print(

@@ -34,8 +34,9 @@ from typing import Any
 
 import aiohttp
 
+from router.commands.fleet import Proc, running, start_ready
 from router.core.stats import percentile
-from tests.support import Proc, running, start_kvrouter
+from router.hostport import LOOPBACK
 
 CHAT = "/v1/chat/completions"
 
@@ -168,7 +169,7 @@ def main() -> None:
         tmp = Path(d)
         sim = ["--max-batch", str(args.batch), "--prefill-tokens-per-s", "20000"]
         sim += ["--decode-tokens-per-s", str(args.decode)]
-        engines: list[Proc] = [start_kvrouter(["engine-sim", *sim], tmp) for _ in range(2)]
+        engines: list[Proc] = [start_ready(["engine-sim", *sim], tmp) for _ in range(2)]
         procs.extend(engines)
         config = tmp / "serve.yaml"
         cap = 0 if args.no_flow_control else args.batch
@@ -178,10 +179,10 @@ def main() -> None:
             f"engine_waiting_threshold: {args.waiting_threshold}}}\n"
             "limits: {max_attempts: 1}\n"
         )
-        cmd = ["serve", "--config", str(config), "--host", "127.0.0.1", "--policy", "least-load"]
+        cmd = ["serve", "--config", str(config), "--host", LOOPBACK, "--policy", "least-load"]
         for e in engines:
             cmd += ["--engine", e.url]
-        router = start_kvrouter(cmd, tmp, ready_path="/ready")
+        router = start_ready(cmd, tmp, ready_path="/ready")
         procs.append(router)
         base = asyncio.run(unloaded(router.url, args.tokens, 20))
         reserved = 2 * args.reserve if cap else 0

@@ -29,8 +29,9 @@ import urllib.request
 from pathlib import Path
 
 from bench.common import chat_body, closed_loop, interleaved, tree_cpu_seconds
+from router.commands.fleet import Proc, running, start_ready
 from router.core.stats import percentile
-from tests.support import Proc, running, start_kvrouter
+from router.hostport import LOOPBACK
 
 # With several workers, /ready answers 200 this many times in a row on fresh connections
 # (each reaches a worker the kernel picks) before anything is measured.
@@ -98,13 +99,13 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp, running([]) as procs:
         tmp_path = Path(tmp)
-        engine = start_kvrouter(["engine-sim", "--fast"], tmp_path)
+        engine = start_ready(["engine-sim", "--fast"], tmp_path)
         procs.append(engine)
-        router: Proc = start_kvrouter(
+        router: Proc = start_ready(
             [
                 "serve",
                 "--host",
-                "127.0.0.1",
+                LOOPBACK,
                 "--backend",
                 engine.url,
                 "--log-level",

@@ -33,24 +33,23 @@ import json
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import orjson
 
+from bench.common import GOSSIP_SECRET, alive_peers, markdown_table, print_report
+from router.commands.fleet import Proc, http_json, running, start_ready, wait_until
 from router.core.workload import from_mooncake
+from router.hostport import LOOPBACK, free_ports
 from router.presets import preset_text
-from tests.support import Proc, free_port, running, start_kvrouter
 
 MODEL = "sim-model"
-SECRET = "replicas-hit-ratio-bench-secret-0123"
 # Engines fast enough for a run of a minute or two on a small machine, with prefill still
-# costing more than decode, as on a real GPU. (The runs in RESULTS.md, made when engine-sim
-# counted a Mooncake word of two tokens as one, used 200,000: the same prefill time.)
+# costing more than decode, as on a real GPU. RESULTS.md counts these runs in Mooncake words,
+# two of engine-sim's tokens each: its 200,000 prefill tokens/s are these 400,000.
 PREFILL_TOKENS_PER_S = 400_000
 DECODE_TOKENS_PER_S = 1_000
 MAX_BATCH = 16
@@ -76,30 +75,6 @@ class Result:
     @property
     def hit_ratio(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-
-def http_json(url: str, body: Any = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
-
-
-def metric(proc: Proc, line_prefix: str) -> float:
-    with urllib.request.urlopen(f"{proc.url}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(line_prefix):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def wait(check: Any, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"timed out waiting for {what}")
 
 
 def load_bodies(path: Path, n: int, max_tokens: int) -> list[bytes]:
@@ -150,23 +125,23 @@ def start_replicas(
     run: Run, engines: list[Proc], policy: Path, tmp: Path, procs: list[Proc], preset: str
 ) -> list[Proc]:
     backends = [a for e in engines for a in ("--backend", e.url)]
-    gossip_ports = [free_port() for _ in range(run.replicas)]
+    gossip_ports = free_ports(run.replicas)
     replicas = []
     for i in range(run.replicas):
-        args = ["serve", "--host", "127.0.0.1", "--policy", str(policy), *backends]
+        args = ["serve", "--host", LOOPBACK, "--policy", str(policy), *backends]
         args += ["--log-level", "warning"]
         if run.gossip:
             args += ["--gossip-port", str(gossip_ports[i]), "--gossip-preset", preset]
             if i:
-                args += ["--gossip-peer", f"127.0.0.1:{gossip_ports[0]}"]
-        env = {"KVROUTER_GOSSIP_SECRET": SECRET}
-        proc = start_kvrouter(args, tmp, env=env, ready_path="/ready", timeout=60)
+                args += ["--gossip-peer", f"{LOOPBACK}:{gossip_ports[0]}"]
+        env = {"KVROUTER_GOSSIP_SECRET": GOSSIP_SECRET}
+        proc = start_ready(args, tmp, env=env, ready_path="/ready", timeout=60)
         procs.append(proc)
         replicas.append(proc)
     for proc in replicas:
-        wait(lambda p=proc: ready_on(p, len(engines)), f"every engine healthy at {proc.url}")
+        wait_until(partial(ready_on, proc, len(engines)), f"every engine healthy at {proc.url}", 60)
         if run.gossip:
-            wait(lambda p=proc: alive_peers(p) == run.replicas - 1, f"{proc.url} sees the rest")
+            wait_until(partial(sees, proc, run.replicas - 1), f"{proc.url} sees the rest", 60)
     return replicas
 
 
@@ -174,8 +149,8 @@ def ready_on(proc: Proc, engines: int) -> bool:
     return bool(http_json(f"{proc.url}/ready")["healthy_backends"] == engines)
 
 
-def alive_peers(proc: Proc) -> float:
-    return metric(proc, 'kvrouter_gossip_peers{state="alive"}')
+def sees(proc: Proc, peers: int) -> bool:
+    return alive_peers(proc) == peers
 
 
 def one_run(
@@ -211,7 +186,7 @@ def one_run(
     )
 
 
-def table(results: list[Result]) -> Iterator[str]:
+def table(results: list[Result]) -> str:
     single = next((r.hit_ratio for r in results if r.run.name == "single"), 0.0)
     head = ["run", "replicas", "gossip", "requests", "failed", "hit ratio", "vs single"]
     head += ["busiest/mean", "req/s"]
@@ -229,10 +204,7 @@ def table(results: list[Result]) -> Iterator[str]:
         ]
         for r in results
     ]
-    yield "| " + " | ".join(head) + " |"
-    yield "|" + "---|" * len(head)
-    for row in rows:
-        yield "| " + " | ".join(row) + " |"
+    return markdown_table(head, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, running([]) as procs:
         tmp_path = Path(tmp)
         engines = [
-            start_kvrouter(["engine-sim", *engine_flags], tmp_path) for _ in range(args.engines)
+            start_ready(["engine-sim", *engine_flags], tmp_path) for _ in range(args.engines)
         ]
         procs.extend(engines)
         policy = tmp_path / "policy.yaml"
@@ -295,32 +267,25 @@ def main(argv: list[str] | None = None) -> int:
             )
             results.append(r)
 
-    print(
+    title = (
         f"{args.requests} requests of {Path(args.trace).name}, {args.engines} engine-sims "
         f"({args.kv_capacity_tokens:,} tokens of cache each), concurrency {args.concurrency}, "
         f"round-robin over the replicas, gossip preset {args.preset}, "
-        f"kv-aware with cold_prefix: {args.cold_prefix}\n"
+        f"kv-aware with cold_prefix: {args.cold_prefix}"
     )
-    for line in table(results):
-        print(line)
-    if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "run": r.run.name,
-                        "replicas": r.run.replicas,
-                        "gossip": r.run.gossip,
-                        "hit_ratio": r.hit_ratio,
-                        "failed": r.failed,
-                        "busiest_share": r.busiest_share,
-                        "seconds": r.seconds,
-                    }
-                    for r in results
-                ],
-                indent=2,
-            )
-        )
+    records = [
+        {
+            "run": r.run.name,
+            "replicas": r.run.replicas,
+            "gossip": r.run.gossip,
+            "hit_ratio": r.hit_ratio,
+            "failed": r.failed,
+            "busiest_share": r.busiest_share,
+            "seconds": r.seconds,
+        }
+        for r in results
+    ]
+    print_report(title, table(results), records if args.json else None)
     return 0
 
 

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import orjson
 
+from router.commands.fleet import running, start_ready
 from router.core.stats import percentile
 from router.core.workload import from_mooncake
 from router.gateway.openai.request import Inbound, parse
 from router.gateway.precise.tokenize import Tokenizer
 from router.gateway.upstream.client import HttpUpstream
 from router.local_tokenizer import LocalTokenizer
-from tests.support import running, start_kvrouter
 from tests.tokenizer_files import write_tokenizer
 
 MODEL = "sim-model"
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = prompts(Path(args.trace), args.prompts)
     with tempfile.TemporaryDirectory() as tmp, running([]) as procs:
         model = args.tokenizer or str(write_tokenizer(Path(tmp) / "model", None, texts, args.vocab))
-        engine = start_kvrouter(
+        engine = start_ready(
             ["engine-sim", "--model", MODEL, "--tokenizer", model], Path(tmp), timeout=60
         )
         procs.append(engine)

@@ -1,8 +1,11 @@
-"""Helpers shared by every test: free loopback ports and real processes that always stop.
+"""What every test shares: real kvrouter processes, waits, metrics.
 
 Integration tests start ``kvrouter`` subcommands as real processes on 127.0.0.1 with
-``start_kvrouter``; the returned handle stops the process (SIGTERM, then SIGKILL) when the
-test ends, whatever happened in it.
+``start_kvrouter``, built on the package's fleet module (router.commands.fleet, whose ``Proc``,
+``free_port``, ``running``, ``http_json`` and ``metric`` are re-exported here); the returned
+handle stops the process (SIGTERM, then SIGKILL) when the test ends, whatever happened in it.
+``wait_until`` polls a condition, failing the test when it never holds; ``eventually`` is the
+one way an async test waits for something to become true.
 """
 
 from __future__ import annotations
@@ -11,63 +14,33 @@ import asyncio
 import contextlib
 import inspect
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
+
+from router.commands import fleet
+from router.commands.fleet import KVROUTER, start_ready, wait_ready
+from router.commands.fleet import Proc as Proc
+from router.commands.fleet import http_json as http_json
+from router.commands.fleet import metric as metric
+from router.commands.fleet import metric_in as metric_in
+from router.commands.fleet import metrics_text as metrics_text
+from router.commands.fleet import running as running
+
+# The fleet's own, for every test to take from here.
+from router.hostport import LOOPBACK as LOOPBACK
+from router.hostport import free_port as free_port
+from router.hostport import free_ports as free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
-LOOPBACK = "127.0.0.1"
 # kvrouter from this checkout, run by the interpreter running the tests.
-CHECKOUT_KVROUTER = (sys.executable, "-m", "router.cli")
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Proc:
-    """A running kvrouter subprocess and where it listens."""
-
-    popen: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
-        """Stop the process (``sig`` first, SIGKILL after ``timeout``); return its exit code."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout)
-        return int(self.popen.returncode)
+CHECKOUT_KVROUTER = KVROUTER
+T = TypeVar("T")
 
 
 def wait_http(
@@ -76,25 +49,10 @@ def wait_http(
     proc: Proc | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> None:
-    """Poll ``url`` (with ``headers``) until it answers 200 (bounded by ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc is not None and not proc.alive():
-            raise RuntimeError(f"process exited early:\n{proc.log()}")
-        try:
-            req = urllib.request.Request(url, headers={**(headers or {})})
-            with urllib.request.urlopen(req, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except urllib.error.HTTPError as e:
-            e.close()  # an unclosed error response leaks its socket
-            last = e
-        except (urllib.error.URLError, OSError) as e:
-            last = e
-        time.sleep(0.05)
-    detail = proc.log() if proc is not None else ""
-    raise TimeoutError(f"{url} not ready after {timeout}s ({last})\n{detail}")
+    """Poll ``url`` (with ``headers``) until it answers 200 (bounded by ``timeout``); a failure
+    carries ``proc``'s log, so the test report shows why."""
+    with _log_in_failure(proc.log_path if proc is not None else None):
+        wait_ready(url, proc=proc, timeout=timeout, headers=headers)
 
 
 def start_kvrouter(
@@ -113,41 +71,42 @@ def start_kvrouter(
     """Start ``kvrouter ARGS --port PORT`` and wait until ``ready_path`` answers 200.
 
     ``command`` runs kvrouter (default: the checkout's), in ``cwd``, with ``env`` over
-    ``base_env`` (default: this process's environment).
+    ``base_env`` (default: this process's environment); its log is a file in ``tmp_path``.
     """
     port = port or free_port()
-    log_path = tmp_path / f"kvrouter-{args[0]}-{port}.log"
-    full_env = {**(os.environ if base_env is None else base_env), **(env or {})}
-    cmd = [*command, *args, "--port", str(port)]
-    with open(log_path, "wb") as log:
-        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd)
-    proc = Proc(popen, port, log_path)
-    try:
-        wait_http(f"{proc.url}{ready_path}", timeout, proc, ready_headers)
-    except BaseException:
-        proc.stop(signal.SIGKILL)
-        raise
-    return proc
+    with _log_in_failure(tmp_path / f"kvrouter-{args[0]}-{port}.log"):
+        return start_ready(
+            args,
+            tmp_path,
+            ready_path=ready_path,
+            timeout=timeout,
+            ready_headers=ready_headers,
+            port=port,
+            command=command,
+            env=env,
+            base_env=base_env,
+            cwd=cwd,
+        )
 
 
 @contextlib.contextmanager
-def running(procs: list[Proc]) -> Iterator[list[Proc]]:
-    """Stop every process in ``procs`` on exit, including ones appended inside the block."""
+def _log_in_failure(log: Path | None) -> Iterator[None]:
+    """A process that never got ready fails the test with its log in the message."""
     try:
-        yield procs
-    finally:
-        for p in reversed(procs):
-            p.stop()
+        yield
+    except (RuntimeError, TimeoutError) as e:
+        if log is None or not log.exists():
+            raise
+        raise type(e)(f"{e}\n{log.read_text(errors='replace')}") from None
 
 
 def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Poll ``check`` until it holds (bounded by ``timeout``); fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    """Poll ``check`` until it holds (bounded by ``timeout``); an AssertionError naming
+    ``what`` otherwise, so a wait that never ends reads as the test's failure."""
+    try:
+        fleet.wait_until(check, what, timeout)
+    except TimeoutError as e:
+        raise AssertionError(str(e)) from None
 
 
 def status_of(url: str) -> int:
@@ -160,16 +119,6 @@ def status_of(url: str) -> int:
         return int(e.code)
 
 
-def http_json(url: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
-    """GET ``url`` (POST ``body`` as JSON when given) and parse the JSON answer."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={**(headers or {})})
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
-
-
 def readiness(proc: Proc) -> dict[str, Any]:
     """The gateway's /ready body, whether it answers 200 or 503 (not every backend up yet)."""
     try:
@@ -180,34 +129,10 @@ def readiness(proc: Proc) -> dict[str, Any]:
     return result
 
 
-def metrics_text(proc: Proc) -> str:
-    """The process's Prometheus exposition."""
-    with urllib.request.urlopen(f"{proc.url}/metrics", timeout=10) as r:
-        text: str = r.read().decode()
-    return text
-
-
-def metric_in(text: str, name: str, **labels: str) -> float:
-    """The sum of the samples of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
-
-
-def metric(proc: Proc, name: str, **labels: str) -> float:
-    return metric_in(metrics_text(proc), name, **labels)
-
-
 async def ametric(proc: Proc, name: str, **labels: str) -> float:
     """``metric`` without blocking the event loop (load runs on it meanwhile)."""
     async with aiohttp.ClientSession() as http, http.get(f"{proc.url}/metrics") as r:
         return metric_in(await r.text(), name, **labels)
-
-
-T = TypeVar("T")
 
 
 # The overloads are for mypy, which cannot split ``Awaitable[T] | T`` when the probe is a
@@ -234,6 +159,7 @@ async def eventually(
     AssertionError; at ``timeout`` seconds re-raise its last AssertionError, or raise one."""
     deadline = time.monotonic() + timeout
     last: AssertionError | None = None
+    answer: object = None
     # Bounded by count as well as by time, so the number of calls is known whatever the clock.
     for _ in range(int(timeout / interval) + 1):
         try:
@@ -246,11 +172,11 @@ async def eventually(
             # None is an assertion-style probe that passed; False, 0 or empty is "not yet".
             if result or result is None:
                 return result
-            last = None
+            last, answer = None, result
         if time.monotonic() >= deadline:
             break
         await asyncio.sleep(interval)
     if last is not None:
         raise last
     what = getattr(probe, "__qualname__", repr(probe))
-    raise AssertionError(f"{what} did not hold within {timeout:g}s")
+    raise AssertionError(f"{what} did not hold within {timeout:g}s (last answer {answer!r})")

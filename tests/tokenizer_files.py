@@ -13,8 +13,6 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-UNK = "<unk>"
-
 BOS, EOS = "<s>", "</s>"
 # ChatML, as many instruction-tuned models write it, with a BOS first and an answer prompt.
 CHATML = (
@@ -59,20 +57,4 @@ def write_tokenizer(
     if template is not None:
         config["chat_template"] = template
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
-
-
-def write_word_tokenizer(folder: Path, corpus: Iterable[str]) -> Path:
-    """A model folder whose tokenizer gives every whitespace-separated word of ``corpus`` one id
-    (any other word: ``<unk>``); returns it.
-
-    A lookup per word, several times cheaper than BPE: for benchmarks where engines and router
-    share a small machine and the encode itself is not what is measured.
-    """
-    words = sorted({w for text in corpus for w in text.split()})
-    vocab = {UNK: 0, **{w: i + 1 for i, w in enumerate(words)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
     return folder

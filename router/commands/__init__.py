@@ -4,7 +4,11 @@
 - ``simulate``: replay a trace through the routing core offline (``traces`` reads the files).
 - ``policy``: ``policy check``, validate policy files before they go live.
 - ``demo``: simulated engines and the gateway as real processes, round-robin against kv-aware;
-  ``demo_kv_events``: ``demo --kv-events``, approximate routing against precise (KV events).
+  ``demo_kv_events`` is its ``--kv-events`` mode, and ``demo_workload`` what both modes share
+  (engines, workload, client, tables).
+
+``fleet`` is no subcommand: real kvrouter processes on loopback (free ports, start, wait until
+ready, always stopped), for the demo, the integration tests and the benchmarks.
 
 ``engine-sim`` lives with the simulated engine, in router.enginesim.
 """

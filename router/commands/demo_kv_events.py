@@ -23,26 +23,24 @@ from pathlib import Path
 
 import aiohttp
 
-from router.commands.demo import (
+from router.commands.demo_workload import (
     ENGINE_FLAGS,
     ENGINES,
-    LOOPBACK,
+    LOG_NAME,
     WORKLOAD,
     PhaseResult,
-    _client,
-    _free_port,
-    _grid,
-    _in_workdir,
-    _install_policy,
-    _ms,
-    _one,
-    _Proc,
-    _processes,
-    _Progress,
-    _start,
-    _wait_fleet,
+    Progress,
+    client,
+    grid,
+    in_workdir,
+    install_policy,
+    ms,
+    send,
+    wait_fleet,
 )
+from router.commands.fleet import Proc, metric, running, start
 from router.core.workload import TraceRequest, synthetic
+from router.hostport import LOOPBACK, free_ports
 
 # Engine-0 is reset when the request at this share of the workload is due.
 RESET_AT = 0.5
@@ -92,8 +90,8 @@ def bypass_plan(n: int, share: float, seed: int) -> list[int | None]:
 
 async def _drive_mixed(
     session: aiohttp.ClientSession,
-    gateway: _Proc,
-    engines: list[_Proc],
+    gateway: Proc,
+    engines: list[Proc],
     trace: list[TraceRequest],
     plan: list[int | None],
     out: RoutingResult,
@@ -103,7 +101,7 @@ async def _drive_mixed(
     reset engine 0 when the request at RESET_AT of the trace is due."""
     indices = iter(range(len(trace)))
     reset_at = int(RESET_AT * len(trace))
-    progress = _Progress(out.routing, len(trace))
+    progress = Progress(out.routing, len(trace))
 
     async def worker() -> None:
         for i in indices:
@@ -113,9 +111,9 @@ async def _drive_mixed(
                         raise RuntimeError(f"{engines[0].name}: POST /reset answered {r.status}")
             target = plan[i]
             if target is None:
-                await _one(session, gateway.url, trace[i], out.routed)
+                await send(session, gateway.url, trace[i], out.routed)
             else:
-                await _one(session, engines[target].url, trace[i], out.bypass)
+                await send(session, engines[target].url, trace[i], out.bypass)
             progress.tick()
 
     t0 = time.perf_counter()
@@ -124,7 +122,7 @@ async def _drive_mixed(
     progress.close()
 
 
-async def _wait_all_healthy(session: aiohttp.ClientSession, gateway: _Proc, log: Path) -> None:
+async def _wait_all_healthy(session: aiohttp.ClientSession, gateway: Proc) -> None:
     """Until the gateway sees every engine healthy, so bypass and routed traffic meet the
     same fleet from the first request."""
     deadline = time.monotonic() + 30
@@ -134,14 +132,9 @@ async def _wait_all_healthy(session: aiohttp.ClientSession, gateway: _Proc, log:
                 if (await r.json(content_type=None)).get("healthy_backends") == ENGINES:
                     return
         await asyncio.sleep(0.1)
-    raise RuntimeError(f"the gateway did not see all {ENGINES} engines healthy in 30 s; see {log}")
-
-
-async def _metric_sum(session: aiohttp.ClientSession, url: str, name: str) -> int:
-    """The sum of a counter's series on a /metrics page."""
-    async with session.get(f"{url}/metrics") as r:
-        text = await r.text()
-    return int(sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(name + "{")))
+    raise RuntimeError(
+        f"the gateway did not see all {ENGINES} engines healthy in 30 s; see {gateway.log_path}"
+    )
 
 
 async def _routing_run(
@@ -153,40 +146,44 @@ async def _routing_run(
 ) -> RoutingResult:
     """Fresh engines (every one publishing KV events) and a fresh gateway on kv-aware, told
     the events only when ``routing`` is precise; the workload once; everything stopped."""
-    log = workdir / "demo.log"
+    log = workdir / LOG_NAME
     precise = routing == "precise"
-    out = RoutingResult(routing, PhaseResult(routing, ttfts=[]), PhaseResult("bypass", ttfts=[]))
-    with _processes() as procs:
-        engines: list[_Proc] = []
+    out = RoutingResult(routing, PhaseResult(routing), PhaseResult("bypass"))
+    with running() as procs:
+        engines: list[Proc] = []
         gateway_args = ["serve", "--policy", str(workdir / "policy.yaml")]
         for i in range(ENGINES):
-            pub, replay = _free_port(), _free_port()
+            pub, replay = free_ports(2)
             events = ["--kv-events-port", str(pub), "--kv-events-replay-port", str(replay)]
-            e = _start(procs, f"engine-{i}", ["engine-sim", *ENGINE_FLAGS, *events], log)
+            engine_args = ["engine-sim", *ENGINE_FLAGS, *events]
+            e = start(engine_args, log, name=f"engine-{i}", host=LOOPBACK)
+            procs.append(e)
             engines.append(e)
             gateway_args += ["--backend", e.url]
             if precise:
                 endpoints = f"tcp://{LOOPBACK}:{pub},tcp://{LOOPBACK}:{replay}"
                 gateway_args += ["--kv-events", f"{e.url}={endpoints}"]
-        gateway = _start(procs, "gateway", gateway_args, log, args.port)
-        async with _client(args.concurrency) as session:
-            await _wait_fleet(session, engines, gateway, log)
-            await _wait_all_healthy(session, gateway, log)
+        gateway = start(gateway_args, log, name="gateway", port=args.port, host=LOOPBACK)
+        procs.append(gateway)
+        async with client(args.concurrency) as session:
+            await wait_fleet(engines, gateway)
+            await _wait_all_healthy(session, gateway)
             await _drive_mixed(session, gateway, engines, trace, plan, out, args.concurrency)
             if precise:
-                out.kv_events = await _metric_sum(session, gateway.url, "kvrouter_kv_events_total")
+                received = await asyncio.to_thread(metric, gateway, "kvrouter_kv_events_total")
+                out.kv_events = int(received)
     return out
 
 
 async def _main_kv_events(args: argparse.Namespace, workdir: Path) -> list[RoutingResult]:
     trace = list(synthetic(dataclasses.replace(WORKLOAD, requests=args.requests)))
     plan = bypass_plan(len(trace), args.bypass_share, BYPASS_SEED)
-    _install_policy("kv-aware", workdir / "policy.yaml")
+    install_policy("kv-aware", workdir / "policy.yaml")
     bypassed = sum(1 for t in plan if t is not None)
     print(
         f"{len(trace)} requests, {bypassed} of them straight to the engines (round-robin), "
         f"engine-0 reset at request {int(RESET_AT * len(trace))}; kv-aware twice, each time on "
-        f"{ENGINES} fresh engine-sims and a fresh gateway (logs: {workdir / 'demo.log'})"
+        f"{ENGINES} fresh engine-sims and a fresh gateway (logs: {workdir / LOG_NAME})"
     )
     return [await _routing_run(r, trace, plan, args, workdir) for r in ("approximate", "precise")]
 
@@ -202,20 +199,20 @@ def _kv_table(rows: list[RoutingResult]) -> str:
             f"{r.hit_ratio:.3f}",
             f"{r.routed.hit_ratio:.3f}",
             f"{r.bypass.hit_ratio:.3f}",
-            _ms(r.routed.ttfts, 50),
-            _ms(r.routed.ttfts, 99),
+            ms(r.routed.ttfts, 50),
+            ms(r.routed.ttfts, 99),
             f"{r.requests / r.seconds:.1f}" if r.seconds else "-",
         ]
         for r in rows
     ]
-    return _grid(head, body)
+    return grid(head, body)
 
 
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.bypass_share < 1:
         print("demo: --bypass-share must be in [0, 1)", file=sys.stderr)
         return 2
-    results = _in_workdir(lambda workdir: _main_kv_events(args, workdir))
+    results = in_workdir(lambda workdir: _main_kv_events(args, workdir))
     if results is None:
         return 1
     print()

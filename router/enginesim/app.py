@@ -80,7 +80,6 @@ from router.gateway.openai.request import json_object, parse
 
 log = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
 # Long-context prompts (100k+ tokens of JSON) must fit; anything larger is a client bug.
 MAX_BODY_BYTES = 64 * 1024 * 1024
 # A hung request gives up by itself eventually, so a forgotten client cannot pin it forever.
@@ -374,7 +373,9 @@ async def _publisher_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 @asynccontextmanager
-async def serving(settings: SimSettings, host: str = LOOPBACK, port: int = 0) -> AsyncIterator[str]:
+async def serving(
+    settings: SimSettings, host: str = hostport.LOOPBACK, port: int = 0
+) -> AsyncIterator[str]:
     """Serve an engine on ``host:port`` (0: a free port) while the block runs; yield its URL."""
     # A client that disconnects must cancel its handler, so generation stops with it.
     runner = web.AppRunner(

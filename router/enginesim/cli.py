@@ -16,10 +16,11 @@ from typing import Any
 from router import hostport
 from router.core.blocks import CHARS_PER_TOKEN
 from router.core.engine_model import EngineSpec
-from router.enginesim.app import LOOPBACK, serving
+from router.enginesim.app import serving
 from router.enginesim.engine import DEFAULT_MODEL, SimSettings
 from router.enginesim.kv_publisher import ENCODINGS, HASH_KINDS, EventSettings
 from router.eventloop import loop_factory
+from router.hostport import LOOPBACK
 from router.local_tokenizer import LocalTokenizer
 
 

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from router.commands.demo import ENGINES
 from router.commands.demo_kv_events import bypass_plan
+from router.commands.demo_workload import ENGINES
 from tests.support import CHECKOUT_KVROUTER, ROOT
 
 # Small enough to finish quickly on two cores, large enough that every engine and both kinds

@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,16 @@ import pytest
 
 from router.core.simulator import POOLED, SimResult
 from router.presets import DEFAULT, NAMES
-from tests.support import LOOPBACK, ROOT, Proc, free_port, metric, start_kvrouter, wait_until
+from tests.support import (
+    LOOPBACK,
+    ROOT,
+    Proc,
+    free_port,
+    free_ports,
+    metric,
+    start_kvrouter,
+    wait_until,
+)
 
 # Building and installing the wheel is part of the first test that needs it.
 INSTALL_TIMEOUT_S = 600
@@ -119,18 +127,6 @@ def installed() -> Iterator[Installed]:
         pip(venv / "bin" / "python", "install", wheel, env=env)
         home.mkdir()
         yield Installed(wheel, venv, home, env)
-
-
-def distinct_free_ports(n: int) -> list[int]:
-    """``n`` different loopback ports that nothing listens on right now."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind((LOOPBACK, 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def peer_alive(replica: Proc) -> bool:
@@ -223,7 +219,7 @@ def test_installed_serve_replicas_gossip_with_each_other(
 ) -> None:
     engine = installed.start(["engine-sim", "--fast"], tmp_path)
     procs.append(engine)
-    gossip_a, gossip_b, http_a, http_b = distinct_free_ports(4)
+    gossip_a, gossip_b, http_a, http_b = free_ports(4)
     secret = {"KVROUTER_GOSSIP_SECRET": secrets.token_hex(16)}  # 32 bytes
     replicas = []
     for http, own, peer in ((http_a, gossip_a, gossip_b), (http_b, gossip_b, gossip_a)):

@@ -35,7 +35,6 @@ import multiprocessing.connection
 import os
 import secrets
 import signal
-import socket
 import sys
 import threading
 import time
@@ -52,25 +51,12 @@ from router.gossip.config import GossipConfig, split_hostport
 
 log = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # After the first worker exits, the others get their drain's grace and this margin (the cut,
 # the cleanup) before they are killed.
 STOP_MARGIN_S = 5.0
 # How often the supervisor looks at its workers even when no sentinel woke it.
 POLL_S = 0.5
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports nothing listens on right now."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind((LOOPBACK, 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _node_id(cfg: Config, environ: Mapping[str, str], index: int) -> str:
@@ -84,7 +70,7 @@ def worker_gossip(cfg: Config, n: int, environ: Mapping[str, str]) -> list[Gossi
     g = cfg.gossip
     out: list[GossipConfig] = []
     if not g.enabled:
-        ports = _free_ports(n)
+        ports = hostport.free_ports(n)
         env = dict(environ)
         if not env.get(g.secret_env):
             env[g.secret_env] = secrets.token_urlsafe(32)
@@ -93,21 +79,21 @@ def worker_gossip(cfg: Config, n: int, environ: Mapping[str, str]) -> list[Gossi
                 g,
                 enabled=True,
                 port=port,
-                peers=tuple(hostport.join(LOOPBACK, p) for p in ports if p != port),
+                peers=tuple(hostport.join(hostport.LOOPBACK, p) for p in ports if p != port),
                 dns="",
                 tls=GossipTls(),
-                advertise=hostport.join(LOOPBACK, port),
+                advertise=hostport.join(hostport.LOOPBACK, port),
                 node_id=_node_id(cfg, environ, i),
                 preset="local",
             )
             gc = gossip_config(dataclasses.replace(cfg, gossip=mine), env)
             assert gc is not None
-            out.append(dataclasses.replace(gc, bind=hostport.join(LOOPBACK, port)))
+            out.append(dataclasses.replace(gc, bind=hostport.join(hostport.LOOPBACK, port)))
         return out
     if g.port + n - 1 > 65535:
         raise ConfigError(f"--workers {n}: gossip ports {g.port} to {g.port + n - 1} exceed 65535")
     host = cfg.listen.host
-    sibling_host = LOOPBACK if host in WILDCARDS or host == "localhost" else host
+    sibling_host = hostport.LOOPBACK if host in WILDCARDS or host == "localhost" else host
     ports = [g.port + i for i in range(n)]
     for i, port in enumerate(ports):
         advertise = ""

@@ -27,6 +27,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.presets import preset_path
+from tests.gateway.integration import ADMIN, ADMIN_ENV, MODEL
 from tests.support import (
     Proc,
     ametric,
@@ -42,9 +43,6 @@ from tests.support import (
 
 pytestmark = pytest.mark.integration
 
-MODEL = "sim-model"
-TOKEN = "integration-admin-token"
-ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 CHAT = "/v1/chat/completions"
 # Long enough for several of the policy's 512-character blocks, in engine-sim's words.
 SYSTEM = " ".join(f"rule{i} be concise and accurate" for i in range(60))
@@ -108,7 +106,7 @@ def start_fleet(
     args = ["serve", "--config", str(config), "--host", "127.0.0.1"]
     for e in engines:
         args += ["--backend", e.url]
-    env = {"KVROUTER_ADMIN_TOKEN": TOKEN}
+    env = ADMIN_ENV
     # Listening first (/health), then ready with every backend healthy: /ready alone would
     # pass with one healthy engine, and the tests want all of them.
     router = start_kvrouter(args, tmp, env=env)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.gateway.integration import ADMIN, ADMIN_ENV, MODEL
 from tests.support import (
     Proc,
     free_port,
@@ -26,9 +27,6 @@ from tests.support import (
 
 pytestmark = pytest.mark.integration
 
-MODEL = "sim-model"
-TOKEN = "kv-events-admin-token"
-ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 CONFIG = """
 policy: kv-aware
 health: {interval_seconds: 0.3, timeout_seconds: 2}
@@ -65,7 +63,7 @@ class Fleet:
         args = ["serve", "--config", str(config), "--host", "127.0.0.1"]
         for e in self.engines:
             args += ["--backend", e.url, "--kv-events", f"{e.url}={self.events[e.url]}"]
-        router = start_kvrouter(args, self.tmp, env={"KVROUTER_ADMIN_TOKEN": TOKEN})
+        router = start_kvrouter(args, self.tmp, env=ADMIN_ENV)
         self.procs.append(router)
         wait_until(lambda: readiness(router)["healthy_backends"] == 2, "healthy")
         return router

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from router.presets import preset_text
+from tests.gateway.integration import ADMIN, ADMIN_ENV, MODEL
 from tests.support import (
     Proc,
     free_port,
@@ -33,9 +34,6 @@ from tests.support import (
 
 pytestmark = pytest.mark.integration
 
-MODEL = "sim-model"
-TOKEN = "kv-events-bypass-admin-token"
-ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 ENGINES = 3
 DOCUMENTS = 15
 ASKED = 4  # times each document is asked; its first time bypasses for BYPASSED of them
@@ -112,7 +110,7 @@ def engine_hit_ratio(
             args += ["--backend", e.url]
             if precise:
                 args += ["--kv-events", f"{e.url}={ev}"]
-        router = start_kvrouter(args, tmp, env={"KVROUTER_ADMIN_TOKEN": TOKEN})
+        router = start_kvrouter(args, tmp, env=ADMIN_ENV)
         procs.append(router)
         wait_until(lambda: readiness(router)["healthy_backends"] == ENGINES, "healthy")
         before_reset: dict[str, Any] = {}

@@ -17,6 +17,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from router.cli import main
+from tests.gateway.integration import ADMIN, ADMIN_ENV, MODEL
 from tests.support import (
     CHECKOUT_KVROUTER,
     Proc,
@@ -31,10 +32,6 @@ from tests.support import (
 from tests.tokenizer_files import write_tokenizer
 
 pytestmark = pytest.mark.integration
-
-MODEL = "sim-model"
-TOKEN = "local-tokenizer-admin-token"
-ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def messages(tag: str) -> list[ChatCompletionMessageParam]:
@@ -57,7 +54,7 @@ class Fleet:
             self.engines.append(e)
             self.events[e.url] = f"tcp://127.0.0.1:{pub}"
             args += ["--backend", e.url, "--kv-events", f"{e.url}={self.events[e.url]}"]
-        self.router = start_kvrouter(args, tmp, env={"KVROUTER_ADMIN_TOKEN": TOKEN})
+        self.router = start_kvrouter(args, tmp, env=ADMIN_ENV)
         procs.append(self.router)
         wait_until(lambda: readiness(self.router)["healthy_backends"] == 2, "ready")
 
