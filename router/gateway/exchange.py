@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from router.core.decision import Decision, Lease, RoutingCore, TokenPrompt
+from router.core.decision import Lease, RoutingCore
 from router.core.index import Delta
+from router.core.precise import TokenPrompt
 from router.core.retry_budget import RetryBudget
+from router.core.verdict import Decision
 from router.gateway.config.settings import Forwarding, Limits, Timeouts
 from router.gateway.fleet.pool import EnginePool
 from router.gateway.inbound.admission import Admission, priority_of, tenant_of
@@ -60,7 +62,7 @@ from router.gateway.openai.errors import (
     error_response,
     stream_error,
 )
-from router.gateway.openai.request import BodyParser, Inbound, session_of
+from router.gateway.openai.request import BodyParser, Inbound
 from router.gateway.runtime.drain import Drain
 from router.gateway.upstream.client import Upstream, UpstreamRequest, UpstreamResponse
 from router.gateway.upstream.deadline import Deadline
@@ -139,12 +141,7 @@ def decide(
 ) -> Decision:
     """The core's decision for ``inbound`` among the engines serving its model (a query)."""
     core = s.core
-    affinity = core.policy.scorer("session-affinity")
-    session = (
-        None
-        if affinity is None
-        else session_of(inbound, headers, affinity.header, affinity.user_field)
-    )
+    session = core.session_of(headers, inbound.body)
     cands = s.pool.candidates(inbound.model)
     return core.decide(inbound.text, cands, s.clock(), session, tokenized=tokenized)
 

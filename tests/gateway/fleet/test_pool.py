@@ -7,7 +7,6 @@ from collections.abc import Mapping
 import pytest
 
 from router.core.decision import RoutingCore
-from router.core.policy import load_policy
 from router.gateway.config.settings import DnsEngines, EngineSources
 from router.gateway.config.settings import Health as HealthConfig
 from router.gateway.fleet.pool import (
@@ -20,6 +19,7 @@ from router.gateway.fleet.pool import (
     url_for,
 )
 from router.gateway.openai.errors import NoEngine, NotFound
+from router.policy_file import load_policy
 from router.presets import preset_path
 from tests.fakes import FakeClock, FakeEngine, FakeUpstream
 

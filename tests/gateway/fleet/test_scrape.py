@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from router.core.decision import RoutingCore
 from router.core.load import EngineReport
-from router.core.policy import load_policy
 from router.gateway.config.settings import EngineMetrics, MetricNames, load_config_text
 from router.gateway.fleet.scrape import (
     MAX_REQUESTS,
@@ -19,6 +18,7 @@ from router.gateway.fleet.scrape import (
     MetricsParseError,
     parse_report,
 )
+from router.policy_file import load_policy
 from router.presets import preset_path
 from tests.fakes import FakeClock, FakeEngine, FakeUpstream
 from tests.support import Proc, http_json, metric, running, start_kvrouter, wait_until
