@@ -16,7 +16,7 @@ same global cap and are shed the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, KeysView, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import contains
@@ -46,7 +46,7 @@ class IndexLimits:
     max_entries: int = 4_000_000
 
 
-_NOTHING: Mapping[int, float] = {}  # the table of an engine the index does not know
+_NOTHING: frozenset[int] = frozenset()  # the keys of an engine the index does not know
 
 
 class BlockIndex:
@@ -57,8 +57,8 @@ class BlockIndex:
         self.limits = limits
         self.origin = origin
         self._engines: dict[str, LruKeys] = {}
-        # engine -> its key table, for the one membership probe per engine on every decision
-        self._tables: dict[str, dict[int, float]] = {}
+        # engine -> a view of its keys, for the one membership probe per engine on every decision
+        self._tables: dict[str, KeysView[int]] = {}
         self._capacity_override: dict[str, int] = {}
         self._seq = seq
         self._seen: dict[str, SeqWindow] = {}
@@ -80,7 +80,7 @@ class BlockIndex:
         lru = self._engines.get(engine)
         if lru is None:
             lru = self._engines[engine] = LruKeys(cap, self.limits.ttl_seconds)
-            self._tables[engine] = lru.table
+            self._tables[engine] = lru.keys()
         elif lru.capacity != cap:
             lru.capacity = cap
             if len(lru) > cap:
@@ -192,9 +192,6 @@ class BlockIndex:
         lru = self._engines.get(engine)
         return lru.leading(keys, now) if lru is not None and keys else 0
 
-    def holders(self, key: int) -> list[str]:
-        return [e for e, lru in self._engines.items() if key in lru]
-
     # -- internals ---------------------------------------------------------------------------
 
     def _lru(self, engine: str) -> LruKeys:
@@ -210,9 +207,7 @@ class BlockIndex:
         if lru.ttl is not None:
             self._entries -= len(lru.expire(now))
             before = len(lru)
-        # Deepest block first, so the leading blocks end most recent: like an engine, the
-        # index then forgets the tail of a prefix before its head.
-        lru.touch(keys[::-1], now)
+        lru.touch_chain(keys, now)
         self._entries += len(lru) - before
         if self._entries > self.limits.max_entries:
             self._shrink()
@@ -250,7 +245,7 @@ class BlockIndex:
             # The global cap bounds event entries; the engine's removals keep them exact.
             lru = media[medium] = LruKeys(self.limits.max_entries)
         before = len(lru)
-        lru.touch(keys[::-1], now)
+        lru.touch_chain(keys, now)
         self._entries += len(lru) - before
         if self._entries > self.limits.max_entries:
             self._shrink()
@@ -283,7 +278,7 @@ class BlockIndex:
         media = self._events.get(engine)
         if not media or not keys:
             return 0, 0.0
-        tables = [(lru.table, weight(m)) for m, lru in media.items()]
+        tables = [(lru.keys(), weight(m)) for m, lru in media.items()]
         if len(tables) == 1:
             table, w = tables[0]
             n = 0
@@ -306,14 +301,7 @@ class BlockIndex:
         lru = self._engines.get(engine)
         if lru is None:
             return 0
-        table = lru.table
-        n = 0
-        for k in keys:
-            t = table.get(k)
-            if t is None or t <= since:
-                break
-            n += 1
-        return n
+        return lru.leading_since(keys, since)
 
     # -- snapshots (gossip catch-up) ---------------------------------------------------------
 

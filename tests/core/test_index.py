@@ -24,7 +24,7 @@ def test_lru_touch_over_capacity_evicts_least_recent() -> None:
 
 def test_lru_leading_stops_at_first_missing() -> None:
     lru = LruKeys(10)
-    lru.touch([2, 1], now=0.0)  # chains are touched deepest block first
+    lru.touch_chain([1, 2], now=0.0)
     assert lru.leading([1, 2, 3, 4]) == 2
     assert lru.leading([9, 1]) == 0
 
@@ -171,7 +171,7 @@ def test_index_memory_per_entry_is_bounded() -> None:
 def test_lru_leading_galloping_matches_walk(held: int, total: int, ttl: float | None) -> None:
     keys = list(range(1, total + 1))
     lru = LruKeys(1000, ttl=ttl)
-    lru.touch(keys[:held][::-1], now=5.0)
+    lru.touch_chain(keys[:held], now=5.0)
     expected = min(held, total)
     assert lru.leading(keys) == expected
     assert lru.leading(keys, now=6.0) == expected
