@@ -114,11 +114,6 @@ class BlockIndex:
         self._seq += 1
         return self._seq
 
-    def record(self, engine: str, keys: Sequence[int], now: float) -> Delta:
-        """``engine`` now holds the chain ``keys`` (a request was routed there)."""
-        self._touch(engine, keys, now)
-        return Delta(self.origin, self._next(), engine, added=tuple(keys))
-
     def predict(self, engine: str, keys: Sequence[int], now: float) -> None:
         """Hold ``keys`` for ``engine`` provisionally: no delta (see ``core.predictions``)."""
         self._touch(engine, keys, now)
@@ -128,7 +123,7 @@ class BlockIndex:
 
         The entries keep the recency ``predict`` gave them, as the engine's blocks keep the
         time it admitted the request; only blocks that left the index meanwhile (a failed
-        attempt withdrew them, or the cap evicted them) are put back, as ``record`` would.
+        attempt withdrew them, or the cap evicted them) are put back, most recent.
         """
         lru = self._engines.get(engine)
         if lru is None or lru.leading(keys) < len(keys):

@@ -143,7 +143,7 @@ def test_event_entries_bounded_by_the_global_cap() -> None:
     idx = BlockIndex(IndexLimits(engine_capacity_blocks=100, max_entries=640))
     for i in range(100):
         idx.store("e", list(range(i * 50, i * 50 + 50)), "gpu", float(i))
-        idx.record("f", [10**9 + i], float(i))
+        idx.confirm("f", [10**9 + i], float(i))
     assert len(idx) <= 640
     assert len(idx) == idx.event_blocks() + idx.blocks("f")
     idx.drop_engine("e")

@@ -117,7 +117,7 @@ async def test_grpc_three_nodes_share_deltas_and_load(nodes: Nodes) -> None:
     c = await nodes.start("c", seeds=(b.address,))
     peers = [a, b, c]
     assert await eventually(lambda: all(alive_peers(p) == 2 for p in peers))
-    b.bridge.queue(b.index.record("engine", [1, 2, 3], 0.0))
+    b.bridge.queue(b.index.confirm("engine", [1, 2, 3], 0.0))
     c.loads.acquire("engine", 64)
     assert await eventually(
         lambda: all(set(p.index.export_keys("engine")) == {1, 2, 3} for p in peers)
@@ -129,7 +129,7 @@ async def test_grpc_three_nodes_share_deltas_and_load(nodes: Nodes) -> None:
 async def test_grpc_wrong_secret_refused_counted_not_merged(nodes: Nodes) -> None:
     a = await nodes.start("a")
     rogue = await nodes.start("rogue", seeds=(a.address,), secret=b"some-other-secret-987654")
-    rogue.bridge.queue(rogue.index.record("engine", [9], 0.0))
+    rogue.bridge.queue(rogue.index.confirm("engine", [9], 0.0))
     assert await eventually(lambda: a.node.stats().counters.refused_mac >= 2)
     assert [m.id for m in a.node.members()] == ["a"]
     assert a.index.export_keys("engine") == []
@@ -296,7 +296,7 @@ async def test_grpc_mutual_tls_peers_converge_outsider_refused(
     a = await nodes.start("a", secret=None, tls=tls)
     b = await nodes.start("b", seeds=(a.address,), secret=None, tls=tls)
     assert await eventually(lambda: alive_peers(a) == 1 and alive_peers(b) == 1)
-    a.bridge.queue(a.index.record("engine", [4, 5], 0.0))
+    a.bridge.queue(a.index.confirm("engine", [4, 5], 0.0))
     assert await eventually(lambda: set(b.index.export_keys("engine")) == {4, 5})
     outsider = await nodes.start("outsider", seeds=(a.address,), secret=None, tls=outsider_tls)
     assert await eventually(lambda: outsider.node.stats().counters.call_failures >= 3)

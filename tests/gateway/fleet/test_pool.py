@@ -168,7 +168,7 @@ async def test_pool_ejected_not_candidate_index_kept_readmitted_after_backoff() 
     router = RoutingCore(load_policy(preset_path("kv-aware")))
     router.set_engines({A: 1, B: 1})
     await pool.probe_all()
-    router.index.record(A, [1, 2, 3], clock())
+    router.index.confirm(A, [1, 2, 3], clock())
     for _ in range(3):
         pool.report_failure(A, "connect refused")
     assert pool.candidates("m") == (B,)
