@@ -167,7 +167,7 @@ class RoutingCore:
             self.precise[engine] = block_size
 
     def observe(self, engine: str, change: Change, now: float) -> None:
-        """Apply what ``engine``'s own KV cache event says (``core.kv_events``)."""
+        """Apply what ``engine``'s own KV cache event says (``core.engine_blocks``)."""
         if change.cleared:
             self.index.clear_events(engine)
         if change.removed:

@@ -8,7 +8,7 @@ its deltas; a number seen before is ignored) and deltas of one origin may arrive
 
 Entries have a source. *Approximate* entries are the router's belief (what it routed where);
 *predicted* ones are approximate entries still provisional (``core.predictions``). *Event*
-entries are an engine's own word, from its KV cache events (``core.kv_events``): keyed by the
+entries are an engine's own word, from its KV cache events (``core.engine_blocks``): keyed by the
 router's hash over the block's token ids, kept per medium (GPU, CPU, disk, ...), and never
 gossiped (every replica subscribes to the engines itself). Event entries count towards the
 same global cap and are shed the same way.

@@ -55,7 +55,7 @@ class Scorer:
 
     type: str
     weight: float
-    params: Any = None
+    params: Any  # an instance of ``SCORERS[type].params``
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +103,6 @@ class Policy:
     @property
     def engine_capacity_blocks(self) -> int:
         return max(1, self.index.engine_capacity_tokens // self.block_tokens)
-
-    def scorer(self, type_: str) -> Scorer | None:
-        return next((s for s in self.scorers if s.type == type_), None)
 
 
 class _Fields(Fields):
