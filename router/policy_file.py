@@ -14,6 +14,13 @@ from router.core.fields import MAX_YAML_BYTES, TOO_LARGE, parse_yaml
 from router.core.policy import Policy, PolicyError, parse_policy
 
 
+def read_capped(path: Path) -> bytes:
+    """The file's bytes, up to one past the loaders' limit (enough to refuse it); ``OSError``
+    when it cannot be read."""
+    with path.open("rb") as f:
+        return f.read(MAX_YAML_BYTES + 1)
+
+
 def read_yaml_file(path: str | Path, error: type[ValueError]) -> tuple[Any, str]:
     """A YAML file's parsed content and its name for messages; ``error`` on any failure.
 
@@ -21,8 +28,7 @@ def read_yaml_file(path: str | Path, error: type[ValueError]) -> tuple[Any, str]
     """
     p = Path(path)
     try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_YAML_BYTES + 1)
+        raw = read_capped(p)
         if len(raw) > MAX_YAML_BYTES:
             raise error(f"{p}: {TOO_LARGE}")
         text = raw.decode("utf-8")
