@@ -112,11 +112,14 @@ class Memory(Protocol):
     """What a scorer remembers between requests: the key a request is known by (from its
     headers and body), and the engine that key's last answered request went to."""
 
-    def key_of(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None: ...
+    def key_of(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
+        """The key a request is remembered by (None: it names none)."""
 
-    def recall(self, key: str) -> str | None: ...
+    def recall(self, key: str) -> str | None:
+        """The engine that answered ``key``'s last request, if remembered."""
 
-    def remember(self, key: str, engine: str) -> None: ...
+    def remember(self, key: str, engine: str) -> None:
+        """``key``'s latest request was answered by ``engine``."""
 
     def update(self, params: Any) -> None:
         """Go on with the params of a reloaded policy."""
