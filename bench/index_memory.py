@@ -27,9 +27,9 @@ def main() -> None:
     i = 0
     while len(idx) < args.entries:
         chain = [rng.getrandbits(64) for _ in range(args.chain)]
-        idx.record(names[i % len(names)], chain, now=float(i))
+        idx.confirm(names[i % len(names)], chain, now=float(i))
         if rng.random() < args.shared:
-            idx.record(names[(i + 1) % len(names)], chain, now=float(i))
+            idx.confirm(names[(i + 1) % len(names)], chain, now=float(i))
         i += 1
     used = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()

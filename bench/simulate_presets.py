@@ -15,8 +15,8 @@ from pathlib import Path
 
 from router.commands.traces import read_trace
 from router.core.engine_model import EngineSpec
-from router.core.policy import load_policy
 from router.core.simulator import Fleet, SimResult, simulate
+from router.policy_file import load_policy
 from router.presets import NAMES, preset_path
 
 TRACES = ("conversation_trace.jsonl", "synthetic_trace.jsonl")
@@ -49,7 +49,8 @@ def main() -> None:
         for engines in args.engines:
             for cap in args.capacity:
                 t0 = time.perf_counter()
-                rows = simulate(policies, trace, Fleet(engines, EngineSpec(capacity_tokens=cap)))
+                fleet = Fleet(engines, EngineSpec(capacity_tokens=cap))
+                rows = simulate(policies, trace, fleet, cpu_clock=time.thread_time_ns)
                 took = time.perf_counter() - t0
                 title = f"{trace_name}, {engines} engines, {cap:,} tokens each ({took:.0f} s)"
                 print(f"\n#### {title}\n")

@@ -6,8 +6,9 @@
 - ``gossip``: the gossip library replicas share their index and load through.
 - ``enginesim``: the simulated engine.
 - ``commands`` and ``cli``: the ``kvrouter`` command.
-- ``hostport``: HOST:PORT syntax; ``presets``: the shipped policy files; ``eventloop``: uvloop
-  where installed; ``local_tokenizer``: a model's own tokenizer and chat template, for the
+- ``hostport``: addresses (HOST:PORT syntax, loopback, free ports); ``presets``: the shipped
+  policy files; ``policy_file``: reading a policy file (the core parses only text);
+  ``eventloop``: uvloop where installed; ``local_tokenizer``: a model's own tokenizer and chat template, for the
   gateway's precise mode and engine-sim alike.
 """
 

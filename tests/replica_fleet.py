@@ -39,7 +39,8 @@ class Replica:
 
     def record(self, engine: str, keys: Sequence[int], now: float = 0.0) -> Delta:
         """Route a request's blocks to ``engine`` here and queue the delta for gossip."""
-        delta = self.index.record(engine, keys, now)
+        self.index.predict(engine, keys, now)  # as an attempt does, confirmed by its answer
+        delta = self.index.confirm(engine, keys, now)
         self.bridge.queue(delta)
         return delta
 

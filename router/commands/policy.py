@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from router.core.policy import PolicyError, load_policy
+from router.core.policy import PolicyError
+from router.policy_file import load_policy
 from router.presets import resolve
 
 

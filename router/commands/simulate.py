@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 
 from router.commands.traces import read_trace
 from router.core.engine_model import EngineSpec
-from router.core.policy import Policy, PolicyError, load_policy
+from router.core.policy import Policy, PolicyError
 from router.core.simulator import Fleet, Outside, SimResult, simulate
 from router.core.workload import (
     HotspotSpec,
@@ -19,6 +20,7 @@ from router.core.workload import (
     hotspot,
     synthetic,
 )
+from router.policy_file import load_policy
 from router.presets import DEFAULT, resolve
 
 _SPEC = EngineSpec()
@@ -203,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     fleet = Fleet(
         args.engines, spec, args.speedup, report_interval=args.report_interval, outside=outside
     )
-    results = simulate(policies, trace, fleet, progress, args.index)
+    results = simulate(policies, trace, fleet, progress, args.index, time.thread_time_ns)
     if args.json:
         print(json.dumps([r.as_dict() for r in results], indent=2))
     else:

@@ -2,24 +2,30 @@
 
 Modules, from the request inwards:
 
-- ``blocks``: an OpenAI request body -> canonical routing text -> chained block keys.
+- ``blocks``: an OpenAI request body -> canonical routing text -> chained block keys; the
+  token-exact keys of token ids, at an engine's block size.
 - ``lru``: a recency-ordered key set with bounded size; the eviction model shared by the
   router's index and the simulated engines' prefix caches.
 - ``index``: which engine holds which block keys, expressed as mergeable deltas; ``seq``: the
   bounded window of sequence numbers seen per origin.
 - ``predictions``: which index entries are provisional (an attempt awaiting its first byte).
-- ``ring``: consistent hashing with bounded loads, for prefixes nobody holds yet.
+- ``ring``: consistent hashing with bounded loads, for prefixes nobody holds yet, and the
+  bounded-load cap that filters candidates.
 - ``load``: in-flight requests and prompt tokens per engine, local and reported by peers.
-- ``kv_events``: engines' KV cache events decoded from the wire, each block keyed the router's
-  way (precise mode's truth for the index).
-- ``fields``: the strict field-by-field reader behind policy and config loading.
+- ``kv_events``: engines' KV cache events, the vLLM/SGLang wire format decoded into values;
+  ``engine_blocks``: one engine's events -> index changes in token-exact keys;
+  ``precise``: overlaps of the engines whose events are complete, in the request's units.
+- ``fields``: the strict field-by-field reader behind policy and config loading (text in,
+  values out: the shell reads the files, ``router.policy_file``).
 - ``policy``: the YAML policy model with strict loading.
-- ``scoring``: filters, scorers and pickers, registered by kebab-case type name.
+- ``scorers``: one module per scorer type (params, parse, score) and the registry by
+  kebab-case name; ``pickers``: the pickers, registered the same way.
 - ``decision``: ``RoutingCore``, the one decision the gateway and the simulator both call
   (``decide``, a query) and the named state changes around it (``acquire``, ``record``,
-  ``release``, ``forget``); ``shortlist``: which candidates a large fleet's decision scores.
-- ``admission``: the order waiting requests are admitted in while the fleet is full;
-  ``retry_budget``: retries in flight as a bounded share of requests in flight.
+  ``release``, ``forget``); ``verdict``: the ``Decision`` it returns; ``shortlist``: which
+  candidates a large fleet's decision scores.
+- ``admission``: the order of the gateway's bounded wait queue, by priority and fair between
+  tenants; ``retry_budget``: retries in flight as a bounded share of requests in flight.
 - ``engine_model``: an engine's prefix cache and timing, for the simulator and engine-sim.
 - ``workload``: trace records and synthetic workloads for the simulator.
 - ``simulator``: discrete-event replay of a trace through ``decision``; ``stats``: percentiles.

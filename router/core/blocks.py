@@ -17,6 +17,10 @@ tool calls and unknown content parts are canonicalised with the standard ``json`
 whose recursion a body nested about a thousand levels deep (orjson parses up to 1024)
 exhausts; that is a ``RequestShapeError`` naming the field, not a crash. Token-id prompts are
 kept packed, four bytes an id, not as Python ints (36 bytes each).
+
+Token-exact keys (``token_keys``) are the same chain over token ids cut at an engine's block
+size: the keys an engine's KV cache events are given (``core.engine_blocks``) and the keys a
+request's token ids are asked by (``core.precise``), so the two meet exactly.
 """
 
 from __future__ import annotations
@@ -246,3 +250,25 @@ def chain_keys(chunks: Iterable[bytes | memoryview], seed: int) -> list[int]:
         h = _xxh3(chunk, h)
         append(h)
     return keys
+
+
+# -- token-exact keys --------------------------------------------------------------------------
+
+
+def token_seed(lora_name: str | None = None) -> int:
+    """The chain's seed for token keys: the LoRA adapter when there is one."""
+    return namespace_seed(f"{_US}tokens{_US}{lora_name or ''}")
+
+
+def token_blocks(token_ids: Sequence[int], block_size: int) -> list[bytes]:
+    """The full blocks of ``block_size`` token ids, packed (what a token key hashes)."""
+    data = packed_ids(token_ids).tobytes()
+    size = block_size * 4
+    return [data[i : i + size] for i in range(0, len(data) - size + 1, size)]
+
+
+def token_keys(
+    token_ids: Sequence[int], block_size: int, lora_name: str | None = None
+) -> list[int]:
+    """Chained xxh3_64 keys of the full blocks of ``block_size`` token ids."""
+    return chain_keys(token_blocks(token_ids, block_size), token_seed(lora_name))

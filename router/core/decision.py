@@ -21,35 +21,33 @@ The gateway and the simulator both drive a request through ``RoutingCore`` in th
 
 ``forget(engine)`` drops everything believed of an engine (it restarted, or was replaced).
 
-Precise engines (``set_precise``: their KV cache events arrive and are complete) are asked in
-their own key space when the request's token ids are known (``decide(..., tokenized=...)``):
-the router's chained keys over the ids, cut at the engine's block size, against the entries
-the engine's events put in the index (``observe``), weighted by medium. The event overlap is
-scaled to the request's text blocks (the share of the prompt held), so scorers compare every
-engine in one unit. Entries this router routed there in the last ``bridge_seconds`` bridge the
-time until the engine's event arrives; the larger of the two counts, and each candidate's
-explanation says which source it came from (``event``, ``predicted``, ``approximate`` or
-``none``). Engines without events, a degraded feed, or a request whose tokens are unknown use
-the text keys.
+Precise engines (``set_precise``: their KV cache events are complete) are asked in their own
+key space when the request's token ids are known (``decide(..., tokenized=...)``, see
+``core.precise``). Which scorers and which picker run is the policy's (``core.scorers``,
+``core.pickers``); a scorer that remembers (session-affinity) names the request's key
+(``session_of``) and is told where its answer came from (``record``).
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.core.blocks import RoutingText, block_keys, namespace_seed, routing_text
+from router.core.engine_blocks import Change
 from router.core.index import BlockIndex, Delta, IndexLimits
-from router.core.kv_events import Change, token_keys
-from router.core.load import LoadBook
+from router.core.load import DEFAULT_STALE_AFTER_S, LoadBook
+from router.core.pickers import PICKERS, ROUND_ROBIN, Choice
 from router.core.policy import Policy
+from router.core.precise import PreciseSettings, TokenPrompt, precise_overlaps
 from router.core.predictions import Predictions
-from router.core.ring import BoundedLoadRing, load_cap
-from router.core.scoring import SCORERS, Inputs
+from router.core.ring import BoundedLoadRing, under_cap
+from router.core.scorers.base import Inputs, Memory
+from router.core.scorers.registry import SCORERS
 from router.core.shortlist import shortlist
+from router.core.verdict import Decision
 
 # Above this many candidates only a shortlist is scored (``core.shortlist``). Measured
 # (bench/RESULTS.md): an 8K-token decision at 256 engines costs about a third of scoring
@@ -58,99 +56,15 @@ SHORTLIST_ABOVE = 12
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
-    """Where a request goes, where next if that fails, and why; ``engine`` None: nowhere."""
+class CoreSettings:
+    """The deployment's settings that steer decisions, besides the policy.
 
-    engine: str | None
-    reason: str
-    keys: tuple[int, ...]
-    prompt_tokens: int
-    inputs: Inputs
-    # Per candidate, in ``inputs.candidates`` order: of its overlap, the provisional blocks.
-    predicted: tuple[int, ...]
-    eligible: tuple[bool, ...]
-    scores: Mapping[str, tuple[float, ...]]
-    totals: tuple[float, ...]
-    # The other candidates, best first: eligible before ineligible, then by score.
-    fallbacks: tuple[str, ...]
-    session: str | None = None
-    # Per candidate: where its overlap came from (event, predicted, approximate, none).
-    sources: tuple[str, ...] = ()
-    # The key of the deepest prefix some candidate holds: requests in flight per key are
-    # its heat (``HotPrefix``). None: nobody holds any of the prompt.
-    prefix: int | None = None
-
-    def plan(self) -> tuple[str, ...]:
-        """The engines to try, in order: the pick, then the fallbacks."""
-        return () if self.engine is None else (self.engine, *self.fallbacks)
-
-    def overlap_of(self, engine: str) -> int:
-        """Leading blocks ``engine`` held (or was predicted to) when the decision was made."""
-        x = self.inputs
-        return x.overlaps[x.candidates.index(engine)] if engine in x.candidates else 0
-
-    def source_of(self, i: int) -> str:
-        """Where candidate ``i``'s overlap came from."""
-        if self.sources:
-            return self.sources[i]
-        return "approximate" if self.inputs.overlaps[i] else "none"
-
-    @property
-    def overlap_ratio(self) -> float:
-        """The share of the request's blocks the chosen engine held."""
-        if self.engine is None or not self.keys:
-            return 0.0
-        return self.overlap_of(self.engine) / len(self.keys)
-
-    def explain(self) -> dict[str, Any]:
-        """A JSON-ready account of the decision, per candidate."""
-        x = self.inputs
-        return {
-            "engine": self.engine,
-            "reason": self.reason,
-            "blocks": len(self.keys),
-            "prompt_tokens": self.prompt_tokens,
-            "spread_blocks": self.inputs.credit,
-            "fallbacks": list(self.fallbacks),
-            "candidates": [
-                {
-                    "engine": e,
-                    "overlap_blocks": x.overlaps[i],
-                    "predicted_blocks": self.predicted[i],
-                    "overlap_source": self.source_of(i),
-                    "inflight_requests": x.requests[i],
-                    "inflight_tokens": x.tokens[i],
-                    "wait_slots": x.waiting[i] if x.waiting else 0,
-                    "eligible": self.eligible[i],
-                    "scores": {name: round(v[i], 6) for name, v in self.scores.items()},
-                    "total": round(self.totals[i], 6),
-                }
-                for i, e in enumerate(x.candidates)
-            ],
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class TokenPrompt:
-    """A request's token ids as the engines' tokenizer gives them, and its LoRA adapter.
-
-    ``text_chars``: the length of routing text the ids stand for (characters; for a prompt of
-    ids, ids times ``CHARS_PER_TOKEN``), to turn tokens an engine holds into the request's
-    text blocks. When the ids are only a head of the prompt (an earlier turn of the
-    conversation, tokenized before), it is that head's length. None: the ids are the whole
-    prompt, and its text blocks are spread evenly over them.
+    ``precise``: how KV-event overlaps are weighed; ``stale_after``: seconds after which an
+    engine's own load report no longer counts (``core.load``).
     """
 
-    token_ids: Sequence[int]
-    lora_name: str | None = None
-    text_chars: int | None = None
-
-
-# Medium tiers: a block in CPU memory or on disk still saves prefill, but costs a load.
-DEFAULT_MEDIUM_WEIGHTS: Mapping[str, float] = {"gpu": 1.0, "cpu": 0.5, "disk": 0.25}
-# How long a routed prefix counts on a precise engine before its own event must confirm it:
-# events arrive within milliseconds; a prefix still unconfirmed after this was not cached.
-DEFAULT_BRIDGE_SECONDS = 5.0
+    precise: PreciseSettings = field(default_factory=PreciseSettings)
+    stale_after: float = DEFAULT_STALE_AFTER_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,22 +88,23 @@ class Lease:
 class RoutingCore:
     """The routing core's state (index, loads, predictions, ring, policy) and its operations."""
 
-    def __init__(self, policy: Policy, origin: str = "local") -> None:
+    def __init__(
+        self, policy: Policy, origin: str = "local", settings: CoreSettings | None = None
+    ) -> None:
+        self.settings = settings = settings or CoreSettings()
         self.policy = policy
         self.origin = origin
         self.index = BlockIndex(self._limits(policy), origin)
-        self.loads = LoadBook()
+        self.loads = LoadBook(settings.stale_after)
         self.predictions = Predictions()
         self.ring = BoundedLoadRing()
         self._turn = 0  # round-robin's position, advanced by ``acquire``
-        self._sessions: dict[str, str] = {}
+        self._memories = self._remembering(policy, {})
         # Outstanding leases -> whether their claims are still unconfirmed.
         self._leases: dict[int, bool] = {}
         self._lease_ids = itertools.count(1)
         # Engines whose events are complete -> their block size in tokens.
         self.precise: dict[str, int] = {}
-        self.medium_weights: Mapping[str, float] = DEFAULT_MEDIUM_WEIGHTS
-        self.bridge_seconds = DEFAULT_BRIDGE_SECONDS
 
     @staticmethod
     def _limits(policy: Policy) -> IndexLimits:
@@ -198,6 +113,22 @@ class RoutingCore:
             ttl_seconds=policy.index.ttl_seconds,
             max_entries=policy.index.max_entries,
         )
+
+    @staticmethod
+    def _remembering(policy: Policy, old: Mapping[str, Memory]) -> dict[str, Memory]:
+        """The memory of every policy scorer that keeps one; a reload keeps what is known."""
+        out: dict[str, Memory] = {}
+        for s in policy.scorers:
+            make = SCORERS[s.type].memory
+            if make is None:
+                continue
+            memory = old.get(s.type)
+            if memory is None:
+                memory = make(s.params)
+            else:
+                memory.update(s.params)
+            out[s.type] = memory
+        return out
 
     # -- fleet and policy changes ------------------------------------------------------------
 
@@ -213,6 +144,7 @@ class RoutingCore:
         """Swap the policy; the index survives unless the block size changed its keys."""
         old = self.policy
         self.policy = policy
+        self._memories = self._remembering(policy, self._memories)
         if policy.block_chars != old.block_chars:
             engines = self.index.engines
             # Numbering goes on: peers drop a delta whose (origin, seq) they have seen before.
@@ -235,7 +167,7 @@ class RoutingCore:
             self.precise[engine] = block_size
 
     def observe(self, engine: str, change: Change, now: float) -> None:
-        """Apply what ``engine``'s own KV cache event says (``core.kv_events``)."""
+        """Apply what ``engine``'s own KV cache event says (``core.engine_blocks``)."""
         if change.cleared:
             self.index.clear_events(engine)
         if change.removed:
@@ -243,11 +175,24 @@ class RoutingCore:
         if change.stored:
             self.index.store(engine, change.stored, change.medium, now)
 
-    def _weight(self, medium: str) -> float:
-        w = self.medium_weights
-        return w.get(medium, min(w.values(), default=0.0))
-
     # -- the query ---------------------------------------------------------------------------
+
+    def session_of(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
+        """The key the policy remembers this request's session by (None: it names none)."""
+        for memory in self._memories.values():
+            key = memory.key_of(headers, body)
+            if key is not None:
+                return key
+        return None
+
+    def _recall(self, session: str | None) -> str | None:
+        if session is None:
+            return None
+        for memory in self._memories.values():
+            engine = memory.recall(session)
+            if engine is not None:
+                return engine
+        return None
 
     def keys_of(self, body: Mapping[str, Any] | RoutingText) -> tuple[RoutingText, list[int]]:
         """Canonical routing text and block keys; raises ``RequestShapeError`` on a bad body."""
@@ -290,7 +235,18 @@ class RoutingCore:
         overlaps = self.index.overlaps(keys, cands, now)
         src: dict[str, str] = {}  # overlaps from events or the bridge; the rest approximate
         if tokenized is not None and self.precise:
-            self._precise_overlaps(keys, tokenized, cands, now, overlaps, src)
+            precise_overlaps(
+                self.index,
+                self.precise,
+                self.settings.precise,
+                p.block_chars,
+                keys,
+                tokenized,
+                cands,
+                now,
+                overlaps,
+                src,
+            )
         requests = self.loads.requests(cands, now)
         eligible = self._eligible(cands, requests, prompt_tokens)
         deep = max(overlaps, default=0)
@@ -303,9 +259,10 @@ class RoutingCore:
         heat = self.loads.heat(prefix) if prefix is not None else 0
         # Hot: its holders are busy with it, so any engine may take a copy.
         credit = deep if spread and heat > spread * overlaps.count(deep) else 0
-        session_engine = self._sessions.get(session) if session is not None else None
+        session_engine = self._recall(session)
+        picker = PICKERS[p.picker]
         unscored: list[str] = []
-        if p.picker == "max-score" and len(cands) > SHORTLIST_ABOVE:
+        if picker.scored and len(cands) > SHORTLIST_ABOVE:
             keep = shortlist(
                 cands, overlaps, requests, eligible, session_engine, ring_key, self.ring.home
             )
@@ -336,13 +293,15 @@ class RoutingCore:
             kv_usage=usage,
             credit=credit,
         )
-        scores = {s.type: SCORERS[s.type](s, x) for s in p.scorers}
+        scores = {s.type: SCORERS[s.type].score(s.params, x) for s in p.scorers}
         totals = [0.0] * len(cands)
         for s in p.scorers:
             w = s.weight
             if w:
                 totals = [t + w * v for t, v in zip(totals, scores[s.type], strict=True)]
-        engine, reason = self._pick(x, eligible, totals, ring_key)
+        engine, reason = picker.pick(
+            Choice(x, eligible, totals, ring_key, self.ring, self._turn, p.cold_prefix == "ring")
+        )
         order = sorted(
             range(len(cands)), key=lambda i: (not eligible[i], -totals[i], x.requests[i])
         )
@@ -363,64 +322,6 @@ class RoutingCore:
             prefix=prefix,
         )
 
-    def _precise_overlaps(
-        self,
-        keys: Sequence[int],
-        tokenized: TokenPrompt,
-        cands: Sequence[str],
-        now: float,
-        overlaps: list[int],
-        src: dict[str, str],
-    ) -> None:
-        """Replace each precise candidate's overlap with its events' (or the bridge's)."""
-        by_size: dict[int, list[int]] = {}
-        for i, e in enumerate(cands):
-            size = self.precise.get(e)
-            if size is None:
-                continue
-            pk = by_size.get(size)
-            if pk is None:
-                pk = by_size[size] = token_keys(tokenized.token_ids, size, tokenized.lora_name)
-            _, weighted = self.index.event_overlap(e, pk, self._weight)
-            held = self._text_blocks(weighted * size, tokenized, len(keys))
-            bridge = 0
-            if overlaps[i]:
-                bridge = self.index.leading_since(e, keys, now - self.bridge_seconds)
-            if bridge > held:
-                overlaps[i], src[e] = bridge, "predicted"
-            else:
-                overlaps[i], src[e] = held, "event" if held else "none"
-
-    def _text_blocks(self, tokens: float, tokenized: TokenPrompt, blocks: int) -> int:
-        """Held ``tokens`` of the prompt as its leading text blocks (what scorers count)."""
-        ids = len(tokenized.token_ids)
-        if not ids:
-            return 0
-        chars = tokenized.text_chars
-        if chars is None:
-            return min(blocks, int(tokens * blocks / ids + 1e-9))
-        # Through characters: the ids cover ``chars`` of text, whole blocks or not, so a held
-        # head of whole blocks is never cut short by the text's partial last block.
-        return min(blocks, int(tokens * chars / ids / self.policy.block_chars + 1e-9))
-
-    def _pick(
-        self, x: Inputs, eligible: list[bool], totals: list[float], ring_key: int
-    ) -> tuple[str | None, str]:
-        p = self.policy
-        cands = x.candidates
-        if not cands:
-            return None, "no-candidates"
-        if p.picker == "round-robin":
-            return cands[(self._turn + 1) % len(cands)], "round-robin"
-        if p.picker == "ring" or (p.cold_prefix == "ring" and not any(x.overlaps)):
-            ok = {e for e, fine in zip(cands, eligible, strict=True) if fine}
-            home = self.ring.home(ring_key, ok.__contains__)
-            reason = "ring" if p.picker == "ring" else "cold-prefix-ring"
-            if home is None:  # engines that are candidates but not (yet) on the ring
-                home = self._best(x, eligible, totals, ring_key)
-            return home, reason
-        return self._best(x, eligible, totals, ring_key), "best-score"
-
     def _eligible(
         self, cands: Sequence[str], requests: Sequence[int], prompt_tokens: int
     ) -> list[bool]:
@@ -431,30 +332,7 @@ class RoutingCore:
             loads, weight = requests, 1
         else:
             loads, weight = self.loads.tokens(cands), max(1, prompt_tokens)
-        if not loads:
-            return []
-        # The least loaded engine always stays admissible: with token loads one request can
-        # outweigh the whole margin, and a cap that admits nobody would route nowhere.
-        floor = max(min(loads) + weight, b.min_cap * weight)
-        cap = max(load_cap(sum(loads), len(loads), b.epsilon, weight), floor)
-        # v + weight <= cap for every (integer) load v, as one pass in C.
-        return list(map((math.floor(cap) - weight).__ge__, loads))
-
-    def _best(self, x: Inputs, eligible: list[bool], totals: list[float], seed: int) -> str:
-        if all(eligible):
-            top = max(totals)
-            tied = [i for i, t in enumerate(totals) if t >= top - 1e-12]
-        else:
-            idx = [i for i, ok in enumerate(eligible) if ok] or list(range(len(totals)))
-            top = max([totals[i] for i in idx])
-            tied = [i for i in idx if totals[i] >= top - 1e-12]
-        if len(tied) == 1:
-            return x.candidates[tied[0]]
-        # Equal scores: the first of them on the ring from the request's key, so every replica
-        # breaks the tie the same way and a new prefix lands on its consistent-hash home.
-        names = {x.candidates[i] for i in tied}
-        home = self.ring.home(seed, names.__contains__)
-        return home if home is not None else min(names)
+        return under_cap(loads, weight, b.epsilon, b.min_cap)
 
     # -- the state changes -------------------------------------------------------------------
 
@@ -476,7 +354,7 @@ class RoutingCore:
             self.index.predict(engine, d.keys, now)
             self.predictions.claim(engine, claimed)
         self._leases[lease.id] = True
-        if d.reason == "round-robin" and engine == d.engine:
+        if d.reason == ROUND_ROBIN and engine == d.engine:
             self._turn += 1
         return lease
 
@@ -488,7 +366,8 @@ class RoutingCore:
         # Its prefill is done: what is queued on the engine no longer includes its prompt.
         self.loads.prefilled(lease.engine, lease.tokens)
         if lease.session is not None:
-            self._remember_session(lease.session, lease.engine)
+            for memory in self._memories.values():
+                memory.remember(lease.session, lease.engine)
         if not lease.keys:
             return None
         self.predictions.confirm(lease.engine, lease.keys)
@@ -513,14 +392,3 @@ class RoutingCore:
     def outstanding(self) -> int:
         """Leases acquired and not yet released (0 whenever the gateway is idle)."""
         return len(self._leases)
-
-    def _remember_session(self, session: str, engine: str) -> None:
-        s = self.policy.scorer("session-affinity")
-        limit = s.max_sessions if s is not None else 0
-        if not limit:
-            return
-        sessions = self._sessions
-        sessions.pop(session, None)
-        sessions[session] = engine
-        if len(sessions) > limit:
-            del sessions[next(iter(sessions))]

@@ -87,8 +87,7 @@ class PrefixCache:
         """``lookup_and_insert``, and the keys that caching the prompt evicted (what an engine
         announces in its ``BlockRemoved`` events)."""
         hit = self._blocks.leading(list(keys)) * self.block_tokens
-        # Deepest block first so the head of the prefix is evicted last, as engines do.
-        evicted = self._blocks.touch(keys[::-1], now)
+        evicted = self._blocks.touch_chain(keys, now)
         # An engine always computes at least the last prompt token to produce the first output.
         return min(hit, max(0, prompt_tokens - 1)), evicted
 

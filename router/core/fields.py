@@ -10,6 +10,7 @@ real one: at most ``MAX_YAML_BYTES``, checked before parsing; at most ``MAX_YAML
 aliases (``*name``), which is what refuses an alias bomb (a few hundred bytes whose aliases
 expand to billions of nodes for anything that walks them); nesting at most ``MAX_YAML_DEPTH``
 deep. Error messages quote values through ``show``, which never walks more than a few elements.
+The readers take text, never a path: the shell opens the files (``router.policy_file``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import math
 import reprlib
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar, NoReturn, Self
 
 import yaml
@@ -101,24 +101,6 @@ def parse_yaml(text: str, where: str, error: type[ValueError]) -> Any:
         # date like 2024-02-30 or an int of more than 4300 digits, AttributeError for a
         # '!!timestamp' that is none. Any of them is a file that cannot be used.
         raise error(f"{where}: invalid YAML: {show(str(e) or type(e).__name__)}") from None
-
-
-def read_yaml_file(path: str | Path, error: type[ValueError]) -> tuple[Any, str]:
-    """A YAML file's parsed content and its name for messages; ``error`` on any failure.
-
-    The one file read of the core's loaders (policies and configs are read whole, once, and
-    never beyond ``MAX_YAML_BYTES`` + 1 bytes).
-    """
-    p = Path(path)
-    try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_YAML_BYTES + 1)
-        if len(raw) > MAX_YAML_BYTES:
-            raise error(f"{p}: {TOO_LARGE}")
-        text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise error(f"{p}: cannot read: {e}") from None
-    return parse_yaml(text, str(p), error), str(p)
 
 
 class ConfigError(ValueError):

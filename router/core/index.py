@@ -8,7 +8,7 @@ its deltas; a number seen before is ignored) and deltas of one origin may arrive
 
 Entries have a source. *Approximate* entries are the router's belief (what it routed where);
 *predicted* ones are approximate entries still provisional (``core.predictions``). *Event*
-entries are an engine's own word, from its KV cache events (``core.kv_events``): keyed by the
+entries are an engine's own word, from its KV cache events (``core.engine_blocks``): keyed by the
 router's hash over the block's token ids, kept per medium (GPU, CPU, disk, ...), and never
 gossiped (every replica subscribes to the engines itself). Event entries count towards the
 same global cap and are shed the same way.
@@ -16,7 +16,7 @@ same global cap and are shed the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, KeysView, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import contains
@@ -46,7 +46,7 @@ class IndexLimits:
     max_entries: int = 4_000_000
 
 
-_NOTHING: Mapping[int, float] = {}  # the table of an engine the index does not know
+_NOTHING: frozenset[int] = frozenset()  # the keys of an engine the index does not know
 
 
 class BlockIndex:
@@ -57,8 +57,8 @@ class BlockIndex:
         self.limits = limits
         self.origin = origin
         self._engines: dict[str, LruKeys] = {}
-        # engine -> its key table, for the one membership probe per engine on every decision
-        self._tables: dict[str, dict[int, float]] = {}
+        # engine -> a view of its keys, for the one membership probe per engine on every decision
+        self._tables: dict[str, KeysView[int]] = {}
         self._capacity_override: dict[str, int] = {}
         self._seq = seq
         self._seen: dict[str, SeqWindow] = {}
@@ -80,7 +80,7 @@ class BlockIndex:
         lru = self._engines.get(engine)
         if lru is None:
             lru = self._engines[engine] = LruKeys(cap, self.limits.ttl_seconds)
-            self._tables[engine] = lru.table
+            self._tables[engine] = lru.keys()
         elif lru.capacity != cap:
             lru.capacity = cap
             if len(lru) > cap:
@@ -114,11 +114,6 @@ class BlockIndex:
         self._seq += 1
         return self._seq
 
-    def record(self, engine: str, keys: Sequence[int], now: float) -> Delta:
-        """``engine`` now holds the chain ``keys`` (a request was routed there)."""
-        self._touch(engine, keys, now)
-        return Delta(self.origin, self._next(), engine, added=tuple(keys))
-
     def predict(self, engine: str, keys: Sequence[int], now: float) -> None:
         """Hold ``keys`` for ``engine`` provisionally: no delta (see ``core.predictions``)."""
         self._touch(engine, keys, now)
@@ -128,7 +123,7 @@ class BlockIndex:
 
         The entries keep the recency ``predict`` gave them, as the engine's blocks keep the
         time it admitted the request; only blocks that left the index meanwhile (a failed
-        attempt withdrew them, or the cap evicted them) are put back, as ``record`` would.
+        attempt withdrew them, or the cap evicted them) are put back, most recent.
         """
         lru = self._engines.get(engine)
         if lru is None or lru.leading(keys) < len(keys):
@@ -192,9 +187,6 @@ class BlockIndex:
         lru = self._engines.get(engine)
         return lru.leading(keys, now) if lru is not None and keys else 0
 
-    def holders(self, key: int) -> list[str]:
-        return [e for e, lru in self._engines.items() if key in lru]
-
     # -- internals ---------------------------------------------------------------------------
 
     def _lru(self, engine: str) -> LruKeys:
@@ -210,9 +202,7 @@ class BlockIndex:
         if lru.ttl is not None:
             self._entries -= len(lru.expire(now))
             before = len(lru)
-        # Deepest block first, so the leading blocks end most recent: like an engine, the
-        # index then forgets the tail of a prefix before its head.
-        lru.touch(keys[::-1], now)
+        lru.touch_chain(keys, now)
         self._entries += len(lru) - before
         if self._entries > self.limits.max_entries:
             self._shrink()
@@ -250,7 +240,7 @@ class BlockIndex:
             # The global cap bounds event entries; the engine's removals keep them exact.
             lru = media[medium] = LruKeys(self.limits.max_entries)
         before = len(lru)
-        lru.touch(keys[::-1], now)
+        lru.touch_chain(keys, now)
         self._entries += len(lru) - before
         if self._entries > self.limits.max_entries:
             self._shrink()
@@ -283,7 +273,7 @@ class BlockIndex:
         media = self._events.get(engine)
         if not media or not keys:
             return 0, 0.0
-        tables = [(lru.table, weight(m)) for m, lru in media.items()]
+        tables = [(lru.keys(), weight(m)) for m, lru in media.items()]
         if len(tables) == 1:
             table, w = tables[0]
             n = 0
@@ -306,14 +296,7 @@ class BlockIndex:
         lru = self._engines.get(engine)
         if lru is None:
             return 0
-        table = lru.table
-        n = 0
-        for k in keys:
-            t = table.get(k)
-            if t is None or t <= since:
-                break
-            n += 1
-        return n
+        return lru.leading_since(keys, since)
 
     # -- snapshots (gossip catch-up) ---------------------------------------------------------
 

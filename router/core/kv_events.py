@@ -1,4 +1,4 @@
-"""Engines' KV cache events: the wire format decoded, and each block keyed the router's way.
+"""Engines' KV cache events: the wire format (vLLM, SGLang) decoded into values, with no I/O.
 
 vLLM (0.9 onwards) and SGLang publish every block their prefix cache stores or evicts on a ZMQ
 PUB socket, one multipart message per batch::
@@ -24,11 +24,7 @@ hashes of the wrong size, token counts that are not whole blocks) drops the batc
 and is counted; unknown fields and event types are counted and ignored, so a newer engine
 keeps working with an older router. Every array is capped (``MAX_ARRAY``) before it is built.
 
-``EngineBlocks`` turns one engine's events into index changes with *token-exact keys*: the
-router's own chained xxh3_64 over the token ids of each block (``token_keys``), never a copy of
-the engine's hash function. It remembers (bounded) which router key each engine hash stands
-for, so removals and parent links resolve. A request's token ids keyed with ``token_keys`` at
-the engine's block size give the same keys, so the index answers the request exactly.
+The decoded events become index changes in ``core.engine_blocks``.
 """
 
 from __future__ import annotations
@@ -39,9 +35,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]  # ships no type information
-import xxhash
-
-from router.core.blocks import chain_keys, namespace_seed, packed_ids
 
 Hash = int | bytes
 
@@ -51,11 +44,9 @@ MAX_ARRAY = 1 << 20
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 MAX_BLOCK_SIZE = 1 << 16
 HASH_BYTES = frozenset({8, 16, 32})
-TOKEN_LIMIT = 1 << 32
 # The end marker of a replay: sequence number -1 as 8 signed big-endian bytes.
 END_SEQ = -1
 
-GPU = "gpu"
 _INT = frozenset({int})
 
 
@@ -357,110 +348,3 @@ def split_replay(frames: Sequence[bytes]) -> tuple[int, bytes] | None:
         raise Malformed("a replay reply starts with an empty frame and an 8-byte sequence")
     n = int.from_bytes(seq, "big", signed=True)
     return None if n == END_SEQ else (n, bytes(payload))
-
-
-# -- token-exact keys --------------------------------------------------------------------------
-
-_US = "\x1f"
-
-
-def token_seed(lora_name: str | None = None) -> int:
-    """The chain's seed for token keys: the LoRA adapter when there is one."""
-    return namespace_seed(f"{_US}tokens{_US}{lora_name or ''}")
-
-
-def _blocks(token_ids: Sequence[int], block_size: int) -> list[bytes]:
-    data = packed_ids(token_ids).tobytes()
-    size = block_size * 4
-    return [data[i : i + size] for i in range(0, len(data) - size + 1, size)]
-
-
-def token_keys(
-    token_ids: Sequence[int], block_size: int, lora_name: str | None = None
-) -> list[int]:
-    """Chained xxh3_64 keys of the full blocks of ``block_size`` token ids."""
-    return chain_keys(_blocks(token_ids, block_size), token_seed(lora_name))
-
-
-def _extra_digest(extra: Any) -> bytes:
-    # Multimodal hashes or a cache salt make a block differ from text with the same tokens.
-    packed = msgpack.packb(extra, use_bin_type=True)
-    return xxhash.xxh3_64_digest(packed)
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    """What one event does to the engine's entries in the index, in router keys."""
-
-    stored: tuple[int, ...] = ()
-    removed: tuple[int, ...] = ()
-    medium: str = GPU
-    cleared: bool = False
-
-
-def medium_of(value: str | None) -> str:
-    """The tier a medium names, lower case; None is the GPU."""
-    return GPU if not value else value.lower()
-
-
-class EngineBlocks:
-    """One engine's block hashes -> router keys, bounded; events -> index changes."""
-
-    def __init__(self, max_hashes: int) -> None:
-        self.max_hashes = max(1, max_hashes)
-        self._keys: dict[Hash, int] = {}
-        self.block_size: int | None = None
-        self.orphans = 0  # stored blocks whose parent was unknown: not keyable, dropped
-        self.ignored = 0  # events of other KV-cache groups (hybrid models)
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def clear(self) -> None:
-        self._keys.clear()
-
-    def key_of(self, block_hash: Hash) -> int | None:
-        return self._keys.get(block_hash)
-
-    def apply(self, event: Event) -> Change | None:
-        """The index change ``event`` stands for (None: nothing to change)."""
-        if isinstance(event, AllBlocksCleared):
-            self._keys.clear()
-            return Change(cleared=True)
-        if event.group_idx:
-            self.ignored += 1
-            return None
-        if isinstance(event, BlockRemoved):
-            pop = self._keys.pop
-            gone = [k for h in event.block_hashes if (k := pop(h, None)) is not None]
-            return Change(removed=tuple(gone), medium=medium_of(event.medium))
-        return self._stored(event)
-
-    def _stored(self, e: BlockStored) -> Change | None:
-        if e.parent_block_hash is None:
-            seed = token_seed(e.lora_name)
-        else:
-            parent = self._keys.get(e.parent_block_hash)
-            if parent is None:
-                self.orphans += 1
-                return None
-            seed = parent
-        self.block_size = e.block_size
-        chunks: list[bytes] = _blocks(e.token_ids, e.block_size)
-        extra = e.extra_keys
-        if extra:
-            chunks = [
-                c + _extra_digest(extra[i]) if i < len(extra) and extra[i] is not None else c
-                for i, c in enumerate(chunks)
-            ]
-        keys = chain_keys(chunks, seed)
-        d = self._keys
-        hashes = e.block_hashes
-        # Hashes stored again move to the end (the newest survive the cap); the rest are new.
-        for h in d.keys() & set(hashes):
-            del d[h]
-        d.update(zip(hashes, keys, strict=True))
-        if len(d) > self.max_hashes:
-            for h in list(d)[: len(d) - self.max_hashes + self.max_hashes // 64]:
-                del d[h]
-        return Change(stored=tuple(keys), medium=medium_of(e.medium))

@@ -17,7 +17,7 @@ An engine's batch has a limit no metric names (vLLM's ``max_num_seqs``, or what 
 fits): a report with requests waiting shows it, as the requests then running. The book learns
 it from two such reports in a row (and raises it on any report running more), so that between
 scrapes it knows when what it sent since has filled the batch: the next request would wait for
-a slot, however stale the report's "nobody waiting" is (``backlog``).
+a slot, however stale the report's "nobody waiting" is (the backlog ``signals`` gives).
 
 A hot prefix's heat (``HotPrefix``: the requests in flight behind one prefix key) is load
 too, and each replica sees only its own share of it. Local heat follows ``acquire`` and
@@ -235,17 +235,13 @@ class LoadBook:
         r = self._fresh(engine, now)
         return None if r is None else max(0, r.report.waiting - r.done)
 
-    def backlog(self, engine: str, now: float) -> int:
-        """Where a request sent to ``engine`` now would stand (0 without a fresh report): 0, it
-        starts at once; k, it waits for k batch slots to free.
+    def _backlog(self, engine: str, r: _Reported) -> int:
+        """Where a request sent to ``engine`` now would stand: 0, it starts at once; k, it
+        waits for k batch slots to free.
 
         The engine's queue (``queued``) and, once its batch limit is known (``slots``), what
         this router sent since the report, which fills the batch and then the queue.
         """
-        r = self._fresh(engine, now)
-        return 0 if r is None else self._backlog(engine, r)
-
-    def _backlog(self, engine: str, r: _Reported) -> int:
         rep = r.report
         queued = max(0, rep.waiting - r.done)
         slots = self._slots.get(engine)
@@ -269,7 +265,8 @@ class LoadBook:
         return None if r is None or now - r.at > self.stale_after else r
 
     def signals(self, engines: Sequence[str], now: float) -> tuple[list[int], list[float]]:
-        """Per engine, in order: its ``backlog`` (0 unknown) and its KV cache use (0 unknown)."""
+        """Per engine, in order: its backlog, the batch slots a request sent now would wait
+        for (0 unknown), and its KV cache use (0 unknown)."""
         if not self._reported:
             return [0] * len(engines), [0.0] * len(engines)
         waiting: list[int] = []
@@ -301,10 +298,6 @@ class LoadBook:
         if self._remote.pop(origin, None) is not None:
             self._remote_heat.pop(origin, None)
             self._resum()
-
-    @property
-    def origins(self) -> tuple[str, ...]:
-        return tuple(self._remote)
 
     def _resum(self) -> None:
         req: dict[str, int] = {}

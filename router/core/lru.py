@@ -13,7 +13,7 @@ skipping those dummies amortised to a few nanoseconds per insert. A plain dict c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, KeysView, Sequence
 from itertools import islice
 
 # Evict this fraction of capacity at once when full: the set holds between
@@ -45,12 +45,11 @@ class LruKeys:
     def __contains__(self, key: object) -> bool:
         return key in self._keys
 
-    @property
-    def table(self) -> dict[int, float]:
-        """The key -> last-touch mapping itself, for membership tests on hot paths (read-only)."""
-        return self._keys
+    def keys(self) -> KeysView[int]:
+        """A live, read-only view of the keys: membership probes on hot paths run in C."""
+        return self._keys.keys()
 
-    def touch(self, keys: Sequence[int], now: float) -> list[int]:
+    def touch(self, keys: Iterable[int], now: float) -> list[int]:
         """Insert or refresh ``keys`` (the last one ends most recent); return the evicted keys."""
         d = self._keys
         pop = d.pop
@@ -60,6 +59,15 @@ class LruKeys:
         if len(d) > self.capacity:
             return self.evict(len(d) - self.capacity + self.capacity // EVICT_BATCH_DIVISOR)
         return []
+
+    def touch_chain(self, chain: Sequence[int], now: float) -> list[int]:
+        """Insert or refresh a chain of block keys (first block first); return the evicted keys.
+
+        Deepest block first, so the chain's head ends most recent: like an engine, the set then
+        forgets the tail of a prefix before its head, and ``leading`` may assume the blocks
+        held form a prefix.
+        """
+        return self.touch(reversed(chain), now)
 
     def evict(self, count: int) -> list[int]:
         """Remove and return up to ``count`` of the least recently touched keys."""
@@ -92,13 +100,25 @@ class LruKeys:
     def clear(self) -> None:
         self._keys.clear()
 
+    def leading_since(self, keys: Sequence[int], since: float) -> int:
+        """How many of ``keys``, from the first, were touched after ``since`` (walked one by one:
+        no chain order is assumed)."""
+        d = self._keys
+        n = 0
+        for k in keys:
+            t = d.get(k)
+            if t is None or t <= since:
+                break
+            n += 1
+        return n
+
     def leading(self, keys: Sequence[int], now: float | None = None) -> int:
         """How many of ``keys``, from the first, are held (and fresh when ``now`` is given).
 
-        Chains are touched deepest block first, so within a chain the head is always more
-        recent than the tail: eviction and expiry take a chain's tail before its head, and the
-        blocks held form a prefix. That lets a galloping search find the first missing block
-        in O(log n) probes instead of walking the whole shared prefix.
+        Chains are touched deepest block first (``touch_chain``), so within a chain the head is
+        always more recent than the tail: eviction and expiry take a chain's tail before its
+        head, and the blocks held form a prefix. That lets a galloping search find the first
+        missing block in O(log n) probes instead of walking the whole shared prefix.
         """
         d = self._keys
         if now is None or self.ttl is None:

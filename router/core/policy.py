@@ -3,17 +3,20 @@
 Loading is two-phase, like llm-d's scheduler config: first a strict decode of every field with
 its default and limits (unknown keys and wrong types are errors), then cross-checks between
 fields. Every error names the file, the field path and the reason, for example
-``policies/x.yaml: scorers[1].weight: must be a number >= 0, got 'high'``.
+``policies/x.yaml: scorers[1].weight: must be a number from 0.0 to 1000.0, got 'high'``.
+Each scorer's own fields are read by its type (``router.core.scorers``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, cast
 
 from router.core.blocks import CHARS_PER_TOKEN
-from router.core.fields import Fields, parse_yaml, read_yaml_file
+from router.core.fields import Fields, parse_yaml
+from router.core.pickers import PICKER_TYPES, PICKERS
+from router.core.scorers.base import LOAD_METRICS, LoadMetric
+from router.core.scorers.registry import SCORER_TYPES, SCORERS
 
 # 512 characters, about 128 tokens. Measured with `kvrouter simulate` (bench/RESULTS.md):
 # 128 to 1024 give the same hit ratio on chat and Mooncake workloads, and each halving of the
@@ -21,12 +24,8 @@ from router.core.fields import Fields, parse_yaml, read_yaml_file
 # an 8K-token prompt decides in about 100 us with 64 engines.
 DEFAULT_BLOCK_CHARS = 512
 
-LoadMetric = Literal["requests", "tokens"]
-PickerType = Literal["max-score", "round-robin", "ring"]
 ColdPrefix = Literal["ring", "score"]
 
-LOAD_METRICS: tuple[LoadMetric, ...] = ("requests", "tokens")
-PICKERS: tuple[PickerType, ...] = ("max-score", "round-robin", "ring")
 COLD_PREFIX: tuple[ColdPrefix, ...] = ("ring", "score")
 
 
@@ -51,20 +50,12 @@ class BoundedLoad:
 
 @dataclass(frozen=True, slots=True)
 class Scorer:
-    """A weighted scorer; ``type`` is its registered kebab-case name."""
+    """A weighted scorer: its registered kebab-case ``type`` and that type's ``params``
+    (``router.core.scorers``)."""
 
     type: str
     weight: float
-    metric: LoadMetric = "requests"
-    header: str = "x-session-id"
-    user_field: bool = True
-    max_sessions: int = 100_000
-    # ttft-estimate: prefill-token equivalents charged per request queued inside the engine
-    # and per request in its batch, and the KV cache use above which cached overlap is
-    # discounted (a full cache evicts the prefix the router is counting on).
-    wait_tokens: int = 2048
-    running_tokens: int = 128
-    kv_pressure: float = 0.9
+    params: Any  # an instance of ``SCORERS[type].params``
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +91,7 @@ class Policy:
     block_chars: int = DEFAULT_BLOCK_CHARS
     bounded_load: BoundedLoad | None = None
     scorers: tuple[Scorer, ...] = ()
-    picker: PickerType = "max-score"
+    picker: str = "max-score"  # a name in ``router.core.pickers.PICKERS``
     cold_prefix: ColdPrefix = "ring"
     index: IndexSettings = field(default_factory=IndexSettings)
     hot_prefix: HotPrefix = field(default_factory=HotPrefix)
@@ -112,13 +103,6 @@ class Policy:
     @property
     def engine_capacity_blocks(self) -> int:
         return max(1, self.index.engine_capacity_tokens // self.block_tokens)
-
-    def scorer(self, type_: str) -> Scorer | None:
-        return next((s for s in self.scorers if s.type == type_), None)
-
-
-# The scorers a policy may name; ``router.core.scoring`` implements each.
-SCORER_TYPES = ("prefix-overlap", "prefill-cost", "ttft-estimate", "load", "session-affinity")
 
 
 class _Fields(Fields):
@@ -132,30 +116,9 @@ def _scorer(f: _Fields) -> Scorer:
     if not f.has("weight"):
         f.fail(f.at("weight"), "is required: a scorer without a weight would not count")
     weight = f.number("weight", 0.0, 0.0, 1000.0)
-    if type_ == "load":
-        s = Scorer(
-            type_, weight, metric=cast(LoadMetric, f.choice("metric", "requests", LOAD_METRICS))
-        )
-    elif type_ == "session-affinity":
-        s = Scorer(
-            type_,
-            weight,
-            header=f.text("header", "x-session-id").lower(),
-            user_field=f.flag("user_field", True),
-            max_sessions=f.integer("max_sessions", 100_000, 1, 10_000_000),
-        )
-    elif type_ == "ttft-estimate":
-        s = Scorer(
-            type_,
-            weight,
-            wait_tokens=f.integer("wait_tokens", 2048, 0, 10_000_000),
-            running_tokens=f.integer("running_tokens", 128, 0, 10_000_000),
-            kv_pressure=f.number("kv_pressure", 0.9, 0.0, 1.0),
-        )
-    else:
-        s = Scorer(type_, weight)
-    f.done()
-    return s
+    params = SCORERS[type_].parse(f)
+    f.done()  # fields of another type are unknown here
+    return Scorer(type_, weight, params)
 
 
 def parse_policy(data: Any, where: str = "<policy>") -> Policy:
@@ -180,7 +143,7 @@ def parse_policy(data: Any, where: str = "<policy>") -> Policy:
         )
         filt.done()
     scorers = tuple(_scorer(s) for s in f.items("scorers"))
-    picker = f.choice("picker", "max-score", PICKERS)
+    picker = f.choice("picker", "max-score", PICKER_TYPES)
     cold = f.choice("cold_prefix", "ring", COLD_PREFIX)
     index = IndexSettings()
     idx = f.sub("index")
@@ -205,9 +168,10 @@ def parse_policy(data: Any, where: str = "<policy>") -> Policy:
         if s.type in seen:
             f.fail(f"scorers[{i}].type", f"{s.type!r} is given twice")
         seen.add(s.type)
-    if picker == "max-score" and not scorers:
-        f.fail("scorers", "picker max-score needs at least one scorer")
-    if picker != "max-score" and scorers:
+    scored = PICKERS[picker].scored
+    if scored and not scorers:
+        f.fail("scorers", f"picker {picker} needs at least one scorer")
+    if not scored and scorers:
         f.fail("scorers", f"picker {picker} ignores scorers; remove them or use max-score")
     if scorers and not any(s.weight > 0 for s in scorers):
         f.fail("scorers", "at least one scorer needs a weight above 0")
@@ -217,7 +181,7 @@ def parse_policy(data: Any, where: str = "<policy>") -> Policy:
         block_chars=block_chars,
         bounded_load=bounded,
         scorers=scorers,
-        picker=cast(PickerType, picker),
+        picker=picker,
         cold_prefix=cast(ColdPrefix, cold),
         index=index,
         hot_prefix=hot,
@@ -227,9 +191,3 @@ def parse_policy(data: Any, where: str = "<policy>") -> Policy:
 def load_policy_text(text: str, where: str) -> Policy:
     """Parse policy YAML text; errors name ``where``."""
     return parse_policy(parse_yaml(text, where, PolicyError), where)
-
-
-def load_policy(path: str | Path) -> Policy:
-    """Read and parse a policy file."""
-    data, where = read_yaml_file(path, PolicyError)
-    return parse_policy(data, where)

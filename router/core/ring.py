@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import xxhash
 from uhashring import HashRing
@@ -91,3 +91,18 @@ def load_cap(total: float, engines: int, epsilon: float, weight: float = 1.0) ->
     if engines <= 0:
         return 0.0
     return float(math.ceil((1.0 + epsilon) * (total + weight) / engines))
+
+
+def under_cap(loads: Sequence[int], weight: int, epsilon: float, min_cap: int) -> list[bool]:
+    """Per engine, whether it stays under the cap after taking ``weight`` more load.
+
+    The least loaded engine always stays admissible: with token loads one request can
+    outweigh the whole margin, and a cap that admits nobody would route nowhere. The cap is
+    never below ``min_cap`` requests' worth of ``weight``.
+    """
+    if not loads:
+        return []
+    floor = max(min(loads) + weight, min_cap * weight)
+    cap = max(load_cap(sum(loads), len(loads), epsilon, weight), floor)
+    # v + weight <= cap for every (integer) load v, as one pass in C.
+    return list(map((math.floor(cap) - weight).__ge__, loads))

@@ -9,7 +9,8 @@ cache, compute and slots: the hit ratio a perfect router over the same hardware 
 The router's index is given each engine's true capacity (an operator who set
 ``engine_capacity_tokens`` right). The engine model says when a request's first token leaves
 (the router records its blocks then, as the gateway does on the first byte) and when it
-finishes (its load is released). ``decision_us`` is the CPU time of ``decide`` and ``acquire``.
+finishes (its load is released). ``decision_us`` is the CPU time of ``decide`` and ``acquire``,
+read from the clock the caller hands in (``cpu_clock``; the core reads no clock of its own).
 
 What the router does not control (``Outside``): a seeded share of the requests goes straight
 to the engines, round-robin, as clients that skip the router would (the engines cache them; an
@@ -32,17 +33,17 @@ from __future__ import annotations
 
 import heapq
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from router.core.blocks import CHARS_PER_TOKEN
-from router.core.decision import Lease, RoutingCore, TokenPrompt
+from router.core.blocks import CHARS_PER_TOKEN, token_keys
+from router.core.decision import CoreSettings, Lease, RoutingCore
+from router.core.engine_blocks import Change
 from router.core.engine_model import EngineClock, EngineSpec, Occupancy, PrefixCache
-from router.core.kv_events import Change, token_keys
 from router.core.load import EngineReport
 from router.core.policy import Policy
+from router.core.precise import TokenPrompt
 from router.core.stats import percentile
 from router.core.workload import TraceRequest
 
@@ -158,6 +159,10 @@ class _Engine:
         self.occupancy = Occupancy(spec)
 
 
+def _untimed() -> int:
+    return 0
+
+
 def _block_tokens(trace: Sequence[TraceRequest]) -> int:
     return trace[0].engine_block_tokens if trace else 16
 
@@ -193,10 +198,17 @@ def simulate_policy(
     progress: Progress | None = None,
     *,
     precise: bool = False,
+    cpu_clock: Callable[[], int] | None = None,
 ) -> SimResult:
-    """Replay ``trace`` through ``policy`` on ``fleet`` (``precise``: fed the engines' events)."""
+    """Replay ``trace`` through ``policy`` on ``fleet`` (``precise``: fed the engines' events).
+
+    ``cpu_clock``: nanoseconds of CPU time, to time each decision (None: not timed, 0).
+    """
     names = [f"engine-{i}" for i in range(fleet.engines)]
-    core = RoutingCore(policy)
+    every = fleet.report_interval
+    core = RoutingCore(
+        policy, settings=CoreSettings(stale_after=every * fleet.stale_after_intervals)
+    )
     core.set_engines(dict.fromkeys(names, 1))
     for name in names:
         core.index.add_engine(name, max(1, fleet.spec.capacity_tokens // policy.block_tokens))
@@ -206,14 +218,12 @@ def simulate_policy(
     outside = fleet.outside
     bypass = outside.bypass(len(trace), len(names))
     restart = -1 if outside.restart_at is None else int(outside.restart_at * len(trace))
-    every = fleet.report_interval
-    core.loads.stale_after = every * fleet.stale_after_intervals
     next_report = 0.0
     due: list[tuple[float, int, int, Lease]] = []  # (time, kind, request, lease)
     ttfts: list[float] = []
     decision_ns: list[int] = []
     prompt = cached = 0
-    clock = time.thread_time_ns
+    clock = cpu_clock or _untimed
     for i, req in enumerate(trace):
         now = req.timestamp / fleet.speedup
         while due and due[0][0] <= now:
@@ -292,11 +302,12 @@ def simulate(
     fleet: Fleet,
     progress: Progress | None = None,
     indexes: Sequence[str] = ("approximate",),
+    cpu_clock: Callable[[], int] | None = None,
 ) -> list[SimResult]:
     """One result per policy and index (``approximate``, ``precise``), then the pooled
-    reference."""
+    reference; ``cpu_clock`` times the decisions (see ``simulate_policy``)."""
     results = [
-        simulate_policy(p, trace, fleet, progress, precise=index == "precise")
+        simulate_policy(p, trace, fleet, progress, precise=index == "precise", cpu_clock=cpu_clock)
         for p in policies
         for index in indexes
     ]

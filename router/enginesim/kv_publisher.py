@@ -94,9 +94,9 @@ class CacheEvents:
         """The events of a prompt whose full blocks are ``keys`` entering the cache;
         ``token_ids(start, end)`` gives its ids from ``start`` to ``end`` (only the blocks
         stored are asked for, as an engine sends only those)."""
-        held = self._mirror.table
+        held = self._mirror.keys()
         new = [i for i, k in enumerate(keys) if k not in held]
-        evicted = self._mirror.touch(list(keys)[::-1], now)
+        evicted = self._mirror.touch_chain(keys, now)
         events: list[Any] = []
         if evicted:
             hashes = [self._hash(k) for k in evicted]

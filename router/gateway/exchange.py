@@ -35,7 +35,9 @@ from collections.abc import Mapping, Sequence
 
 from aiohttp import web
 
-from router.core.decision import Decision, Lease, TokenPrompt
+from router.core.decision import Lease
+from router.core.precise import TokenPrompt
+from router.core.verdict import Decision
 from router.gateway.inbound.admission import priority_of, tenant_of
 from router.gateway.inbound.auth import KEY_NAME
 from router.gateway.inbound.body import read_body
@@ -51,7 +53,7 @@ from router.gateway.openai.errors import (
     error_response,
     stream_error,
 )
-from router.gateway.openai.request import Inbound, session_of
+from router.gateway.openai.request import Inbound
 from router.gateway.upstream import relay
 from router.gateway.upstream.client import UpstreamRequest, UpstreamResponse
 from router.gateway.upstream.deadline import Deadline
@@ -74,12 +76,7 @@ def decide(
 ) -> Decision:
     """The core's decision for ``inbound`` among the engines serving its model (a query)."""
     core = s.core
-    affinity = core.policy.scorer("session-affinity")
-    session = (
-        None
-        if affinity is None
-        else session_of(inbound, headers, affinity.header, affinity.user_field)
-    )
+    session = core.session_of(headers, inbound.body)
     cands = s.pool.candidates(inbound.model)
     return core.decide(inbound.text, cands, s.clock(), session, tokenized=tokenized)
 

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from router.core.decision import RoutingCore, TokenPrompt
+from router.core.decision import CoreSettings, RoutingCore
 from router.core.index import Delta
 from router.core.load import EngineReport, Load
 from router.core.policy import Policy
+from router.core.precise import PreciseSettings, TokenPrompt
 from router.core.retry_budget import BudgetRules, RetryBudget
 from router.gateway.config.engine_keys import EngineKeys
 from router.gateway.config.reload import PolicyWatcher, Result
@@ -115,7 +116,11 @@ class Gateway:
             # Unique per process run: a restarted replica numbers its deltas from 1 again.
             origin = run_origin(gossip.node_id)
         # Raises PolicyError: the gateway does not start on a policy it cannot read.
-        self.core = RoutingCore(self.watcher.load_initial(), origin)
+        kv, em = config.engines.kv_events, config.engine_metrics
+        steer = CoreSettings(
+            PreciseSettings(kv.medium_weights, kv.bridge_seconds), em.stale_after_seconds
+        )
+        self.core = RoutingCore(self.watcher.load_initial(), origin, steer)
         # Raises ConfigError: the gateway does not start without the engine keys it names.
         keys = EngineKeys(config.engines, environ)
         self.upstream: Upstream = upstream or HttpUpstream(
@@ -147,8 +152,6 @@ class Gateway:
             resolver=resolver,
         )
         # The engines' own load, blended into the core's LoadBook (router.core.load).
-        em = config.engine_metrics
-        self.core.loads.stale_after = em.stale_after_seconds
         self.engine_metrics = EngineMetricsScraper(
             em,
             self.upstream,
@@ -171,9 +174,6 @@ class Gateway:
             self.gossip_samples = self.replica.samples
         self.admission = Admission(config.flow_control, self.core, self.metrics, clock=clock)
         # Engines' KV cache events (router.gateway.precise.kv_events) and the token ids they need.
-        kv = config.engines.kv_events
-        self.core.bridge_seconds = kv.bridge_seconds
-        self.core.medium_weights = kv.medium_weights
         self.event_metrics = EventMetrics(self.metrics.registry)
         self.precise = PreciseEngines(self.core, self.pool, self.event_metrics)
         self.kv_events: Subscriber | None = None

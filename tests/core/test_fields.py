@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,10 +16,9 @@ from router.core.fields import (
     ConfigError,
     Fields,
     parse_yaml,
-    read_yaml_file,
     show,
 )
-from router.core.policy import Policy, PolicyError, load_policy, load_policy_text
+from router.core.policy import Policy, PolicyError, load_policy_text
 
 
 class _Fields(Fields):
@@ -89,14 +87,6 @@ def test_yaml_non_ascii_text_limit_counts_bytes() -> None:
         parse_yaml(text, "big.yaml", ConfigError)
 
 
-def test_yaml_file_over_size_limit_refused(tmp_path: Path) -> None:
-    p = tmp_path / "policy.yaml"
-    p.write_text("name: x\nscorers: [{type: load, weight: 1}]\n#" + "x" * MAX_YAML_BYTES)
-    with pytest.raises(PolicyError) as e:
-        load_policy(p)
-    assert str(e.value).startswith(f"{p}: ") and "limit" in str(e.value)
-
-
 @pytest.mark.parametrize(
     ("text", "says"),
     [
@@ -111,13 +101,6 @@ def test_yaml_scalars_python_cannot_build_are_errors(text: str, says: str) -> No
     with pytest.raises(ConfigError) as e:
         parse_yaml(text, "x.yaml", ConfigError)
     assert str(e.value).startswith("x.yaml: ") and says in str(e.value)
-
-
-def test_yaml_file_not_utf8_is_an_error(tmp_path: Path) -> None:
-    p = tmp_path / "c.yaml"
-    p.write_bytes(b"a: \xff\xfe")
-    with pytest.raises(ConfigError, match="cannot read"):
-        read_yaml_file(p, ConfigError)
 
 
 # -- quoting values in messages ------------------------------------------------------------

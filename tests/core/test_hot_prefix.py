@@ -10,9 +10,10 @@ import pytest
 from router.core.decision import Lease, RoutingCore
 from router.core.engine_model import EngineSpec
 from router.core.load import Load
-from router.core.policy import HotPrefix, Policy, PolicyError, load_policy, load_policy_text
+from router.core.policy import HotPrefix, Policy, PolicyError, load_policy_text
 from router.core.simulator import Fleet, simulate_policy
 from router.core.workload import HotspotSpec, SyntheticSpec, hotspot
+from router.policy_file import load_policy
 from router.presets import preset_path
 
 ENGINES = ["a", "b", "c", "d"]

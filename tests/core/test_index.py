@@ -24,7 +24,7 @@ def test_lru_touch_over_capacity_evicts_least_recent() -> None:
 
 def test_lru_leading_stops_at_first_missing() -> None:
     lru = LruKeys(10)
-    lru.touch([2, 1], now=0.0)  # chains are touched deepest block first
+    lru.touch_chain([1, 2], now=0.0)
     assert lru.leading([1, 2, 3, 4]) == 2
     assert lru.leading([9, 1]) == 0
 
@@ -52,9 +52,9 @@ def index(capacity: int = 1000, max_entries: int = 100_000, origin: str = "a") -
 
 def test_index_overlaps_counts_leading_blocks_per_engine() -> None:
     idx = index()
-    idx.record("e1", [1, 2, 3], now=0.0)
-    idx.record("e2", [1, 2], now=0.0)
-    idx.record("e3", [7], now=0.0)
+    idx.confirm("e1", [1, 2, 3], now=0.0)
+    idx.confirm("e2", [1, 2], now=0.0)
+    idx.confirm("e3", [7], now=0.0)
     assert idx.overlaps([1, 2, 3, 4], ["e1", "e2", "e3", "unknown"]) == [3, 2, 0, 0]
     assert [idx.overlap(e, [1, 2, 3, 4]) for e in ("e1", "e2", "e3", "unknown")] == [3, 2, 0, 0]
     assert idx.overlap("e1", []) == 0
@@ -64,8 +64,8 @@ def test_index_capacity_forgets_tail_before_head() -> None:
     cap = EVICT_BATCH_DIVISOR
     idx = index(capacity=cap)
     chain = list(range(1, cap + 1))
-    idx.record("e", chain, now=0.0)
-    idx.record("e", [10_000 + i for i in range(cap // 2)], now=1.0)
+    idx.confirm("e", chain, now=0.0)
+    idx.confirm("e", [10_000 + i for i in range(cap // 2)], now=1.0)
     # The head of the old chain was touched last within it, so it survives longest.
     assert idx.overlaps(chain, ["e"])[0] > 0
     assert len(idx) <= cap
@@ -76,10 +76,10 @@ def test_index_confirm_keeps_the_recency_predict_gave() -> None:
     idx = index(capacity=cap)
     early, late = [1, 2, 3], [4, 5, 6]
     idx.predict("e", early, now=0.0)  # admitted first...
-    idx.record("e", late, now=1.0)
+    idx.confirm("e", late, now=1.0)
     delta = idx.confirm("e", early, now=2.0)  # ...answered last: still the older of the two
     assert delta.added == tuple(early) and delta.engine == "e"
-    idx.record("e", [100 + i for i in range(cap - 4)], now=3.0)  # the cap takes 3 blocks
+    idx.confirm("e", [100 + i for i in range(cap - 4)], now=3.0)  # the cap takes 3 blocks
     assert idx.overlaps(early, ["e"]) == [0]
     assert idx.overlaps(late, ["e"]) == [3]
 
@@ -95,21 +95,21 @@ def test_index_confirm_puts_back_what_left_since_predict() -> None:
 def test_index_global_cap_bounds_entries() -> None:
     idx = index(capacity=10_000, max_entries=1_000)
     for e in range(5):
-        idx.record(f"e{e}", [e * 100_000 + i for i in range(600)], now=float(e))
+        idx.confirm(f"e{e}", [e * 100_000 + i for i in range(600)], now=float(e))
     assert len(idx) <= 1_000
     assert len(idx) == sum(idx.blocks(e) for e in idx.engines)
 
 
 def test_index_drop_engine_forgets_its_entries() -> None:
     idx = index()
-    idx.record("e1", [1, 2], now=0.0)
+    idx.confirm("e1", [1, 2], now=0.0)
     idx.drop_engine("e1")
     assert len(idx) == 0 and idx.overlaps([1], ["e1"]) == [0]
 
 
 def test_index_apply_duplicate_delta_is_ignored() -> None:
     src, dst = index(origin="a"), index(origin="b")
-    d = src.record("e", [1, 2], now=0.0)
+    d = src.confirm("e", [1, 2], now=0.0)
     assert dst.apply(d, now=0.0) is True
     assert dst.apply(d, now=0.0) is False
     assert dst.overlaps([1, 2], ["e"]) == [2]
@@ -124,13 +124,19 @@ def test_index_apply_remove_and_clear() -> None:
     assert len(dst) == 0
 
 
+def routed(idx: BlockIndex, engine: str, keys: list[int]) -> Delta:
+    """What an answered request leaves: its prediction, confirmed (keys need not be a chain)."""
+    idx.predict(engine, keys, 0.0)
+    return idx.confirm(engine, keys, 0.0)
+
+
 @settings(max_examples=50)
 @given(seed=st.integers(0, 2**32 - 1), dup=st.integers(0, 10))
 def test_index_any_delivery_order_and_duplication_converges(seed: int, dup: int) -> None:
     rng = random.Random(seed)
     src = index(origin="a")
     deltas = [
-        src.record(f"e{rng.randrange(3)}", [rng.randrange(40) for _ in range(4)], 0.0)
+        routed(src, f"e{rng.randrange(3)}", [rng.randrange(40) for _ in range(4)])
         for _ in range(20)
     ]
     deliveries = deltas + [rng.choice(deltas) for _ in range(dup)]
@@ -160,7 +166,7 @@ def test_index_memory_per_entry_is_bounded() -> None:
         for i in range(1000):
             # Keys are made inside the measurement: the index keeps the objects alive.
             chain = [rng.getrandbits(64) for _ in range(100)]
-            idx.record(f"e{i % 8}", chain, now=float(i))
+            idx.confirm(f"e{i % 8}", chain, now=float(i))
         used = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
@@ -171,7 +177,7 @@ def test_index_memory_per_entry_is_bounded() -> None:
 def test_lru_leading_galloping_matches_walk(held: int, total: int, ttl: float | None) -> None:
     keys = list(range(1, total + 1))
     lru = LruKeys(1000, ttl=ttl)
-    lru.touch(keys[:held][::-1], now=5.0)
+    lru.touch_chain(keys[:held], now=5.0)
     expected = min(held, total)
     assert lru.leading(keys) == expected
     assert lru.leading(keys, now=6.0) == expected

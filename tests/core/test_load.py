@@ -69,23 +69,28 @@ def test_loadbook_batch_limit_learned_from_two_reports_with_a_queue() -> None:
     assert book.slots(E) is None
 
 
+def backlog(book: LoadBook, now: float) -> int:
+    """The batch slots a request sent to ``E`` now would wait for, as decisions see it."""
+    return book.signals([E], now)[0][0]
+
+
 def test_loadbook_backlog_counts_what_was_sent_into_a_full_batch() -> None:
     book = LoadBook()
-    assert book.backlog(E, now=0.0) == 0  # nothing known: nothing to wait for
+    assert backlog(book, 0.0) == 0  # nothing known: nothing to wait for
     for at in (1.0, 1.5):
         book.engine_report(E, EngineReport(running=8, waiting=1), at=at)
-    assert book.backlog(E, now=1.6) == 2  # one waits already; a new one is second
+    assert backlog(book, 1.6) == 2  # one waits already; a new one is second
     book.engine_report(E, EngineReport(running=8), at=2.0)  # exactly full, nobody waiting
-    assert book.backlog(E, now=2.1) == 1  # yet a new request waits for a slot
+    assert backlog(book, 2.1) == 1  # yet a new request waits for a slot
     assert book.signals([E], now=2.1) == ([1], [0.0])
     book.acquire(E, 10, now=2.2)  # sent after the report: it waits
     book.acquire(E, 10, now=2.3)
-    assert book.backlog(E, now=2.4) == 3
+    assert backlog(book, 2.4) == 3
     book.release(E, 10, sent_at=2.2)
-    assert book.backlog(E, now=2.5) == 2
+    assert backlog(book, 2.5) == 2
     book.engine_report(E, EngineReport(running=4), at=3.0)
-    assert book.backlog(E, now=3.1) == 0
-    assert book.backlog(E, now=3.0 + book.stale_after + 0.1) == 0  # stale: unknown
+    assert backlog(book, 3.1) == 0
+    assert backlog(book, 3.0 + book.stale_after + 0.1) == 0  # stale: unknown
 
 
 def test_loadbook_never_below_own_in_flight() -> None:

@@ -11,8 +11,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.core.policy import SCORER_TYPES, Policy, PolicyError, load_policy, load_policy_text
-from router.core.scoring import SCORERS
+from router.core.policy import Policy, PolicyError, load_policy_text
+from router.core.scorers import load, session_affinity, ttft_estimate
+from router.core.scorers.registry import SCORER_TYPES
+from router.policy_file import load_policy
 from router.presets import NAMES, preset_path
 from tests.support import ROOT
 
@@ -26,8 +28,18 @@ def test_policy_presets_are_all_files_in_policies_dir() -> None:
     assert sorted(p.stem for p in (ROOT / "policies").glob("*.yaml")) == sorted(NAMES)
 
 
-def test_policy_scorer_types_match_registry() -> None:
-    assert set(SCORER_TYPES) == set(SCORERS)
+def test_policy_scorer_params_are_read_by_their_type() -> None:
+    p = load_policy_text(
+        "name: x\nscorers: [{type: load, weight: 1, metric: tokens},"
+        " {type: ttft-estimate, weight: 1, kv_pressure: 1},"
+        " {type: session-affinity, weight: 1, header: X-S}]",
+        "x",
+    )
+    assert [s.params for s in p.scorers] == [
+        load.Params("tokens"),
+        ttft_estimate.Params(kv_pressure=1.0),
+        session_affinity.Params(header="x-s"),
+    ]
 
 
 @pytest.mark.parametrize(

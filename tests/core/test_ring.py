@@ -7,7 +7,7 @@ import random
 import pytest
 from uhashring import HashRing
 
-from router.core.ring import BoundedLoadRing, _hash, load_cap
+from router.core.ring import BoundedLoadRing, _hash, load_cap, under_cap
 
 
 def ring_of(n: int) -> BoundedLoadRing:
@@ -96,3 +96,19 @@ def test_load_cap_least_loaded_always_admissible() -> None:
         for n in (1, 2, 3, 8):
             cap = load_cap(total, n, 0.0)
             assert total // n + 1 <= cap
+
+
+@pytest.mark.parametrize(
+    ("loads", "weight", "epsilon", "min_cap", "expected"),
+    [
+        pytest.param([], 1, 0.25, 0, [], id="no-engines"),
+        pytest.param([0, 0, 0, 0], 1, 0.25, 0, [True] * 4, id="idle-all-admitted"),
+        pytest.param([4, 0, 0, 0], 1, 0.25, 0, [False, True, True, True], id="busy-one-over"),
+        pytest.param([4, 0, 0, 0], 1, 0.25, 5, [True] * 4, id="min-cap-admits-light-load"),
+        pytest.param([900, 1000], 500, 0.0, 0, [True, False], id="least-loaded-always-in"),
+    ],
+)
+def test_under_cap_bounded_load_filter(
+    loads: list[int], weight: int, epsilon: float, min_cap: int, expected: list[bool]
+) -> None:
+    assert under_cap(loads, weight, epsilon, min_cap) == expected

@@ -9,7 +9,7 @@ import pytest
 from router.core import decision
 from router.core.decision import RoutingCore
 from router.core.load import EngineReport
-from router.core.policy import load_policy
+from router.policy_file import load_policy
 from router.presets import preset_path
 
 ENGINES = [f"http://e{i}:8000" for i in range(40)]

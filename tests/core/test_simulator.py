@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -11,7 +12,6 @@ import pytest
 
 from router.commands.traces import read_trace
 from router.core.engine_model import EngineClock, EngineSpec, PrefixCache
-from router.core.policy import load_policy
 from router.core.simulator import Fleet, Outside, simulate, simulate_policy
 from router.core.stats import percentile
 from router.core.workload import (
@@ -22,6 +22,7 @@ from router.core.workload import (
     parse_record,
     synthetic,
 )
+from router.policy_file import load_policy
 from router.presets import NAMES, preset_path
 from tests.support import ROOT
 
@@ -112,13 +113,15 @@ def test_simulate_sample_kv_aware_beats_round_robin_on_hits() -> None:
     trace = read_trace(SAMPLE)
     policies = [load_policy(preset_path(n)) for n in ("round-robin", "kv-aware")]
     # Engines report their load every 0.5 s, as ``kvrouter simulate`` has them do by default.
-    rr, kv, pooled = simulate(policies, trace, Fleet(4, SPEC, report_interval=0.5))
+    ticks = itertools.count(0, 1000)  # a CPU clock that advances 1 us per reading
+    fleet = Fleet(4, SPEC, report_interval=0.5)
+    rr, kv, pooled = simulate(policies, trace, fleet, cpu_clock=ticks.__next__)
     assert pooled.policy == "pooled-reference"
     assert rr.requests == kv.requests == pooled.requests == len(trace)
     assert rr.prompt_tokens == kv.prompt_tokens == pooled.prompt_tokens
     assert kv.hit_ratio > rr.hit_ratio and kv.ttft_p99 < rr.ttft_p99
     assert kv.cached_tokens <= pooled.cached_tokens * 1.05 + 1
-    assert kv.load_imbalance >= 1.0 and kv.decision_us_p50 > 0
+    assert kv.load_imbalance >= 1.0 and kv.decision_us_p50 == kv.decision_us_p99 == 1.0
 
 
 # --workers is the released spelling of --engines.

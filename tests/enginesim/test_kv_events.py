@@ -19,17 +19,17 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from router.core.blocks import token_keys
+from router.core.engine_blocks import EngineBlocks
 from router.core.engine_model import EngineSpec
 from router.core.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     Counts,
-    EngineBlocks,
     decode_batch,
     split_message,
     split_replay,
-    token_keys,
 )
 from router.enginesim.app import serving
 from router.enginesim.kv_publisher import EventSettings

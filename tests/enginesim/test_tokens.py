@@ -8,7 +8,6 @@ import pytest
 import xxhash
 
 from router.core.blocks import CHARS_PER_TOKEN, RoutingText, block_keys, routing_text
-from router.core.policy import load_policy
 from router.enginesim.engine import Engine, SimSettings
 from router.enginesim.requests import Endpoint, parse_generation
 from router.enginesim.tokens import (
@@ -20,6 +19,7 @@ from router.enginesim.tokens import (
     text_tokens,
     token_ids,
 )
+from router.policy_file import load_policy
 from router.presets import preset_path
 from tests.enginesim.support import MODEL, chat, completion, prompt, raw
 

@@ -109,7 +109,7 @@ async def test_grpc_three_nodes_share_deltas_and_load(nodes: Nodes) -> None:
     c = await nodes.start("c", seeds=(b.address,))
     peers = [a, b, c]
     await eventually(lambda: all(alive_peers(p) == 2 for p in peers), timeout=WAIT)
-    b.bridge.queue(b.index.record("engine", [1, 2, 3], 0.0))
+    b.bridge.queue(b.index.confirm("engine", [1, 2, 3], 0.0))
     c.loads.acquire("engine", 64)
     await eventually(
         lambda: all(set(p.index.export_keys("engine")) == {1, 2, 3} for p in peers), timeout=WAIT
@@ -123,7 +123,7 @@ async def test_grpc_three_nodes_share_deltas_and_load(nodes: Nodes) -> None:
 async def test_grpc_wrong_secret_refused_counted_not_merged(nodes: Nodes) -> None:
     a = await nodes.start("a")
     rogue = await nodes.start("rogue", seeds=(a.address,), secret=b"some-other-secret-987654")
-    rogue.bridge.queue(rogue.index.record("engine", [9], 0.0))
+    rogue.bridge.queue(rogue.index.confirm("engine", [9], 0.0))
     await eventually(lambda: a.node.stats().counters.refused_mac >= 2, timeout=WAIT)
     assert [m.id for m in a.node.members()] == ["a"]
     assert a.index.export_keys("engine") == []
@@ -290,7 +290,7 @@ async def test_grpc_mutual_tls_peers_converge_outsider_refused(
     a = await nodes.start("a", secret=None, tls=tls)
     b = await nodes.start("b", seeds=(a.address,), secret=None, tls=tls)
     await eventually(lambda: alive_peers(a) == 1 and alive_peers(b) == 1, timeout=WAIT)
-    a.bridge.queue(a.index.record("engine", [4, 5], 0.0))
+    a.bridge.queue(a.index.confirm("engine", [4, 5], 0.0))
     await eventually(lambda: set(b.index.export_keys("engine")) == {4, 5}, timeout=WAIT)
     outsider = await nodes.start("outsider", seeds=(a.address,), secret=None, tls=outsider_tls)
     await eventually(lambda: outsider.node.stats().counters.call_failures >= 3, timeout=WAIT)

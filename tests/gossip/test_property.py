@@ -48,7 +48,7 @@ def _produce(ops: list[tuple[int, str, list[int], list[int]]]) -> list[pb.Delta]
         src = sources[origin]
         base = BASELINE[engine]
         if added:
-            bridges[origin].queue(src.record(engine, added, 0.0))
+            bridges[origin].queue(src.confirm(engine, added, 0.0))
         if removed:
             bridges[origin].queue(src.remove(engine, [base[i] for i in removed]))
     return [d for b in bridges for d in b.local_deltas(10_000)]

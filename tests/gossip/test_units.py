@@ -383,7 +383,7 @@ def test_bridge_queue_drains_in_order_and_bounded() -> None:
     idx = _index()
     bridge = IndexDelegate(idx, LoadBook(), max_queue=3)
     for k in range(5):
-        bridge.queue(idx.record("e", [k], 0.0))
+        bridge.queue(idx.confirm("e", [k], 0.0))
     assert bridge.dropped == 2
     assert [d.seq for d in bridge.local_deltas(10)] == [3, 4, 5]
     assert bridge.local_deltas(10) == []
@@ -393,7 +393,7 @@ def test_bridge_merge_delta_applies_to_index_once() -> None:
     src, dst = _index("a"), _index("b")
     bridge = IndexDelegate(dst, LoadBook())
     out = IndexDelegate(src, LoadBook())
-    out.queue(src.record("e", [1, 2, 3], 0.0))
+    out.queue(src.confirm("e", [1, 2, 3], 0.0))
     out.queue(src.remove("e", [3]))
     for d in out.local_deltas(10) * 2:
         bridge.merge_delta(d)
@@ -441,7 +441,7 @@ def test_bridge_local_load_from_book() -> None:
 def test_bridge_snapshot_round_trip_keeps_keys_and_recency() -> None:
     src, dst = _index("a"), _index("b")
     for i in range(50):
-        src.record(f"e{i % 3}", [i * 10 + j for j in range(7)], float(i))
+        src.confirm(f"e{i % 3}", [i * 10 + j for j in range(7)], float(i))
     src.add_engine("idle")
     parts = list(IndexDelegate(src, LoadBook()).export_blocks(chunk_bytes=4096 + 8 * 40))
     assert len(parts) > 3
@@ -455,7 +455,7 @@ def test_bridge_snapshot_round_trip_keeps_keys_and_recency() -> None:
 
 def test_index_mark_seen_skips_covered_deltas() -> None:
     src, dst = _index("a"), _index("b")
-    deltas = [src.record("e", [i], 0.0) for i in range(1, 6)]
+    deltas = [src.confirm("e", [i], 0.0) for i in range(1, 6)]
     dst.mark_seen(src.origin, 3)
     applied = [dst.apply(d, 0.0) for d in deltas]
     assert applied == [False, False, False, True, True]

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from router.core.fields import ConfigError, ConfigFields, parse_yaml, read_yaml_file, show
+from router.core.fields import ConfigError, ConfigFields, parse_yaml, show
 from router.gateway.config.engines import (
     DnsEngines,
     EngineMetrics,
@@ -80,6 +80,7 @@ from router.gateway.config.gossip import (
     gossip_overrides,
     gossip_peer,
 )
+from router.policy_file import read_yaml_file
 from router.presets import DEFAULT as DEFAULT_POLICY
 
 # The sections kept in their own modules are part of this module's model.

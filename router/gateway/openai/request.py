@@ -11,7 +11,7 @@ Python int; a one-word chat message 38 bytes of JSON and a few hundred as a dict
 ``limits.large_body_bytes`` are parsed in a worker thread, at most
 ``limits.max_large_body_parses`` at a time, and what an exchange keeps afterwards is small: the
 routing text (token ids packed, four bytes each) and the body's top-level scalar fields (the
-raw bytes are what is forwarded). Session keys are fixed-size digests, whatever their source.
+raw bytes are what is forwarded).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import xxhash
 
 from router.core.blocks import RequestShapeError, RoutingText, routing_text
 from router.gateway.openai.errors import BadRequest
@@ -146,23 +145,3 @@ class BodyParser:
         self._slots.release()
         if not work.cancelled():
             work.exception()  # retrieved: nobody may be left awaiting it
-
-
-def session_key(value: str) -> str:
-    """A session's key: 32 hex digits of xxh3_128, whatever the length of ``value``."""
-    return xxhash.xxh3_128_hexdigest(value.encode("utf-8", "surrogatepass"))
-
-
-def session_of(
-    inbound: Inbound, headers: Mapping[str, str], header: str | None, user_field: bool
-) -> str | None:
-    """The session key for affinity, of the policy's header, else of the body's ``user``."""
-    if header:
-        value = headers.get(header)
-        if value:
-            return session_key(value)
-    if user_field:
-        user = inbound.body.get("user")
-        if isinstance(user, str) and user:
-            return session_key(user)
-    return None

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from router.core.blocks import token_keys
 from router.core.decision import RoutingCore
-from router.core.kv_events import token_keys
 from router.gateway.fleet.pool import EnginePool
 from router.gateway.openai.errors import GatewayError
 from router.gateway.precise.kv_events import EventMetrics

@@ -30,11 +30,11 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from router.core.decision import RoutingCore
+from router.core.engine_blocks import EngineBlocks
 from router.core.kv_events import (
     Batch,
     BlockStored,
     Counts,
-    EngineBlocks,
     Malformed,
     decode_batch,
     split_message,

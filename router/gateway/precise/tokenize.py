@@ -52,8 +52,8 @@ from dataclasses import dataclass
 import orjson
 
 from router.core.blocks import CHARS_PER_TOKEN, RoutingText, block_keys
-from router.core.decision import TokenPrompt
 from router.core.kv_events import token_array
+from router.core.precise import TokenPrompt
 from router.gateway.openai.errors import UpstreamError
 from router.gateway.openai.request import Inbound, parse
 from router.gateway.upstream.client import HttpUpstream, Upstream

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 import pytest
 
 from router.core.decision import RoutingCore
-from router.core.policy import load_policy
 from router.gateway.config.settings import DnsEngines, EngineSources
 from router.gateway.config.settings import Health as HealthConfig
 from router.gateway.fleet.pool import (
@@ -21,6 +20,7 @@ from router.gateway.fleet.pool import (
 )
 from router.gateway.openai.errors import NoEngine, NotFound
 from router.gossip.clock import ManualClock
+from router.policy_file import load_policy
 from router.presets import preset_path
 from tests.fakes import FakeEngine, FakeUpstream
 
@@ -169,7 +169,7 @@ async def test_pool_ejected_not_candidate_index_kept_readmitted_after_backoff() 
     router = RoutingCore(load_policy(preset_path("kv-aware")))
     router.set_engines({A: 1, B: 1})
     await pool.probe_all()
-    router.index.record(A, [1, 2, 3], clock())
+    router.index.confirm(A, [1, 2, 3], clock())
     for _ in range(3):
         pool.report_failure(A, "connect refused")
     assert pool.candidates("m") == (B,)

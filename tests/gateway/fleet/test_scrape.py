@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from router.core.decision import RoutingCore
 from router.core.load import EngineReport
-from router.core.policy import load_policy
 from router.gateway.config.settings import EngineMetrics, MetricNames, load_config_text
 from router.gateway.fleet.scrape import (
     MAX_REQUESTS,
@@ -20,6 +19,7 @@ from router.gateway.fleet.scrape import (
     parse_report,
 )
 from router.gossip.clock import ManualClock
+from router.policy_file import load_policy
 from router.presets import preset_path
 from tests.fakes import FakeEngine, FakeUpstream
 from tests.support import Proc, http_json, metric, running, start_kvrouter, wait_until

@@ -20,8 +20,6 @@ from router.gateway.openai.request import (
     BodyParser,
     Inbound,
     parse,
-    session_key,
-    session_of,
 )
 
 CHAT = "/v1/chat/completions"
@@ -113,36 +111,6 @@ def test_parse_good_body_keeps_model_and_stream(
     assert got.model == "m"
     assert got.stream is stream
     assert got.text.namespace == "m"
-
-
-def test_session_header_first_then_user_field() -> None:
-    body = {"model": "m", "prompt": "x", "user": "alice"}
-    inbound = parse(raw(body), COMPLETIONS)
-    assert session_of(inbound, {"x-session-id": "s1"}, "x-session-id", True) == session_key("s1")
-    assert session_of(inbound, {}, "x-session-id", True) == session_key("alice")
-    assert session_of(inbound, {}, "x-session-id", False) is None
-
-
-@pytest.mark.parametrize(
-    "value",
-    ["alice", "x" * (4 * 1024 * 1024), "\udcff not UTF-8 in a header", "\U0001f600" * 1000],
-    ids=["short", "4MB", "surrogate-escape", "astral"],
-)
-def test_session_key_fixed_size_whatever_the_value(value: str) -> None:
-    key = session_key(value)
-    assert len(key) == 32 and int(key, 16) >= 0
-    assert key == session_key(value)  # the same session gets the same key on every replica
-    assert key != session_key(value + "!")
-
-
-def test_session_of_long_user_kept_as_digest() -> None:
-    user = "u" * (1024 * 1024)
-    inbound = parse(raw({"model": "m", "prompt": "x", "user": user}), COMPLETIONS)
-    for got in (
-        session_of(inbound, {}, "x-session-id", True),
-        session_of(inbound, {"x-session-id": user}, "x-session-id", True),
-    ):
-        assert got == session_key(user) and len(got) == 32
 
 
 # -- deep JSON: a 400 naming the field, never a RecursionError ---------------------------------

@@ -18,7 +18,6 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from router.core.decision import RoutingCore
-from router.core.policy import load_policy
 from router.enginesim.kv_publisher import CacheEvents, EventSettings, Publisher
 from router.gateway.config.settings import KvEventEndpoint, KvEvents
 from router.gateway.precise.kv_events import (
@@ -30,6 +29,7 @@ from router.gateway.precise.kv_events import (
     Subscriber,
     endpoints_for,
 )
+from router.policy_file import load_policy
 from router.presets import preset_path
 from tests.support import free_port
 

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from router.core.decision import RoutingCore
 from router.core.fields import ConfigError
 from router.core.load import Load
-from router.core.policy import load_policy, load_policy_text
+from router.core.policy import load_policy_text
 from router.gateway.config.settings import (
     Config,
     Gossip,
@@ -33,6 +33,7 @@ from router.gateway.metrics import FleetView, Metrics
 from router.gateway.replicas.replica import Replica, gossip_config
 from router.gossip import LAN, LOCAL, ManualClock, State
 from router.gossip.transport import InMemoryNetwork
+from router.policy_file import load_policy
 from router.presets import preset_path
 
 SECRET = "replica-test-secret-0123456789"

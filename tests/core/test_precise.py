@@ -1,13 +1,15 @@
-"""Event entries in the index and precise routing: sources, media, the bridge, the caps."""
+"""Precise routing: event entries in the index, their sources, media, the bridge, the caps."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from router.core.decision import RoutingCore, TokenPrompt
+from router.core.decision import CoreSettings, RoutingCore
+from router.core.engine_blocks import EngineBlocks
 from router.core.index import BlockIndex, IndexLimits
-from router.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EngineBlocks
+from router.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from router.core.policy import load_policy_text
+from router.core.precise import PreciseSettings, TokenPrompt
 
 ENGINES = ["a", "b", "c"]
 KV = "scorers: [{type: prefix-overlap, weight: 1}, {type: load, weight: 0.1}]\ncold_prefix: score\n"
@@ -16,8 +18,8 @@ TEXT = "".join(f"w{i:07d}" for i in range(256))
 IDS = tuple(range(1000, 1256))
 
 
-def core() -> RoutingCore:
-    r = RoutingCore(load_policy_text("name: t\n" + KV, "t"))
+def core(settings: CoreSettings | None = None) -> RoutingCore:
+    r = RoutingCore(load_policy_text("name: t\n" + KV, "t"), settings=settings)
     r.set_engines(dict.fromkeys(ENGINES, 1))
     return r
 
@@ -95,9 +97,8 @@ def test_without_tokens_or_events_the_text_keys_answer() -> None:
 
 
 def test_routed_prefix_bridges_until_the_event_then_gives_way() -> None:
-    r = core()
+    r = core(CoreSettings(PreciseSettings(bridge_seconds=5.0)))
     r.set_precise("b", 16)
-    r.bridge_seconds = 5.0
     d = r.decide(body(), ["b"], now=0.0, tokenized=TokenPrompt(IDS))
     lease = r.acquire(d, "b", 0.0)
     r.record(lease, 0.0)
@@ -142,7 +143,7 @@ def test_event_entries_bounded_by_the_global_cap() -> None:
     idx = BlockIndex(IndexLimits(engine_capacity_blocks=100, max_entries=640))
     for i in range(100):
         idx.store("e", list(range(i * 50, i * 50 + 50)), "gpu", float(i))
-        idx.record("f", [10**9 + i], float(i))
+        idx.confirm("f", [10**9 + i], float(i))
     assert len(idx) <= 640
     assert len(idx) == idx.event_blocks() + idx.blocks("f")
     idx.drop_engine("e")

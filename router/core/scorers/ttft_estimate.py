@@ -1,0 +1,64 @@
+"""ttft-estimate: the time to first token, in prefill tokens, from everything that delays it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from router.core.fields import Fields
+from router.core.scorers.base import Inputs, ScorerType, param, read_params
+
+NAME = "ttft-estimate"
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """Prefill-token equivalents charged per request queued inside the engine
+    (``wait_tokens``) and per request in its batch (``running_tokens``), and the KV cache use
+    above which cached overlap is discounted (``kv_pressure``: a full cache evicts the prefix
+    the router is counting on)."""
+
+    wait_tokens: int = param(2048, 0, 10_000_000)
+    running_tokens: int = param(128, 0, 10_000_000)
+    kv_pressure: float = param(0.9, 0.0, 1.0)
+
+
+def parse(f: Fields) -> Params:
+    """The params of a ``ttft-estimate`` entry."""
+    return read_params(Params, f)
+
+
+def score(p: Params, x: Inputs) -> list[float]:
+    """Estimated time to first token, in prefill tokens, from everything that delays it.
+
+    Per candidate: the uncached prompt tokens queued on it (sent by the routers, not yet
+    prefilled: a request's prompt stops counting at its first byte), this
+    prompt's uncached part, ``wait_tokens`` per batch slot it would wait for inside the engine
+    and ``running_tokens`` per request in its batch (both engine-reported where fresh), with the
+    cached overlap discounted linearly from full at ``kv_pressure`` KV use to none at a full
+    cache. 1 for the cheapest candidate, falling linearly to 0 at the dearest. A hot prefix
+    stays on its engines while the prefill it saves exceeds their queues, and spreads (one
+    extra prefill) once they are saturated.
+    """
+    n = len(x.candidates)
+    pt, bt = x.prompt_tokens, x.block_tokens
+    waiting = x.waiting or [0] * n
+    usage = x.kv_usage or [0.0] * n
+    wt, rt, knee = p.wait_tokens, p.running_tokens, p.kv_pressure
+    costs = []
+    # Runs for every scored candidate of every request: conditionals, not max() calls.
+    for o, queued, r, w, u in zip(
+        x.scored_overlaps, x.tokens, x.requests, waiting, usage, strict=True
+    ):
+        cached = o * bt
+        if cached and u > knee:
+            cached = int(cached * (1.0 - u if u < 1.0 else 0.0) / (1.0 - knee))
+        uncached = pt - cached if pt > cached else 0
+        running = r - w if r > w else 0
+        costs.append(queued + uncached + wt * w + rt * running)
+    top = max(costs, default=0)
+    if top <= 0:
+        return [1.0] * n
+    return [1.0 - c / top for c in costs]
+
+
+TYPE = ScorerType(NAME, Params, parse, score)
