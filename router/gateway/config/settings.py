@@ -186,7 +186,7 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
-class Drain:
+class DrainSettings:
     """Stopping (router.gateway.runtime.drain): requests in flight get this long, then are cut."""
 
     # Below the pod's terminationGracePeriodSeconds, so the cut happens before the SIGKILL.
@@ -260,7 +260,7 @@ class Config:
     flow_control: FlowControl = field(default_factory=FlowControl)
     auth: Auth = field(default_factory=Auth)
     forwarding: Forwarding = field(default_factory=Forwarding)
-    drain: Drain = field(default_factory=Drain)
+    drain: DrainSettings = field(default_factory=DrainSettings)
 
 
 def _listen(f: ConfigFields | None) -> Listen:
@@ -342,10 +342,10 @@ def _forwarding(f: ConfigFields | None) -> Forwarding:
     return out
 
 
-def _drain(f: ConfigFields | None) -> Drain:
+def _drain(f: ConfigFields | None) -> DrainSettings:
     if f is None:
-        return Drain()
-    out = Drain(f.seconds("grace_seconds", 10.0, 0.0))
+        return DrainSettings()
+    out = DrainSettings(f.seconds("grace_seconds", 10.0, 0.0))
     f.done()
     return out
 
