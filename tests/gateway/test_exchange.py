@@ -33,10 +33,10 @@ from router.gateway.config.settings import (
     DnsEngines,
     EngineSources,
     Forwarding,
+    HealthSettings,
     Limits,
     Timeouts,
 )
-from router.gateway.config.settings import Health as HealthConfig
 from router.gateway.openai import sse
 from router.gateway.upstream import relay as answer_module
 from router.gateway.upstream.deadline import Deadline
@@ -76,7 +76,7 @@ def config(*urls: str, **changes: Any) -> Config:
     cfg = Config(
         engines=EngineSources(static=urls),
         # Probes run once at start; tests drive health themselves.
-        health=HealthConfig(interval_seconds=3600, eject_after_failures=3),
+        health=HealthSettings(interval_seconds=3600, eject_after_failures=3),
         timeouts=Timeouts(connect_seconds=1, first_byte_seconds=0.3, idle_stream_seconds=0.3),
         limits=Limits(max_body_bytes=4096, max_attempts=3),
     )

@@ -95,7 +95,7 @@ __all__ = [
     "Forwarding",
     "Gossip",
     "GossipTls",
-    "Health",
+    "HealthSettings",
     "KvEventEndpoint",
     "KvEvents",
     "Limits",
@@ -139,7 +139,7 @@ class PolicyReload:
 
 
 @dataclass(frozen=True, slots=True)
-class Health:
+class HealthSettings:
     """Active probes, and passive ejection after consecutive failures, readmitted with backoff."""
 
     path: str = "/health"
@@ -251,7 +251,7 @@ class Config:
     policy: str = DEFAULT_POLICY
     policy_reload: PolicyReload = field(default_factory=PolicyReload)
     engines: EngineSources = field(default_factory=EngineSources)
-    health: Health = field(default_factory=Health)
+    health: HealthSettings = field(default_factory=HealthSettings)
     timeouts: Timeouts = field(default_factory=Timeouts)
     limits: Limits = field(default_factory=Limits)
     admin_token_env: str = "KVROUTER_ADMIN_TOKEN"
@@ -283,13 +283,13 @@ def _policy_reload(f: ConfigFields | None) -> PolicyReload:
     return out
 
 
-def _health(f: ConfigFields | None) -> Health:
+def _health(f: ConfigFields | None) -> HealthSettings:
     if f is None:
-        return Health()
+        return HealthSettings()
     path = f.text("path", "/health")
     if not path.startswith("/"):
         f.fail(f.at("path"), f"must start with '/', got {show(path)}")
-    out = Health(
+    out = HealthSettings(
         path=path,
         interval_seconds=f.seconds("interval_seconds", 5.0),
         timeout_seconds=f.seconds("timeout_seconds", 2.0),
