@@ -41,7 +41,7 @@ class KvEventEndpoint:
 
 
 @dataclass(frozen=True, slots=True)
-class KvEvents:
+class KvEventsSettings:
     """Engines' KV cache events (router.gateway.precise.kv_events): a port rule and explicit
     endpoints.
 
@@ -81,7 +81,7 @@ class EngineSources:
     static: tuple[str, ...] = ()
     dns: DnsEngines | None = None
     models_refresh_seconds: float = 30.0
-    kv_events: KvEvents = field(default_factory=KvEvents)
+    kv_events: KvEventsSettings = field(default_factory=KvEventsSettings)
     # Environment variables holding the API keys engines are sent
     # (router.gateway.config.engine_keys): this one for every engine without its own, and per static
     # URL.
@@ -175,9 +175,9 @@ def zmq_endpoint(text: str) -> str:
     return text
 
 
-def _kv_events(f: ConfigFields | None) -> KvEvents:
+def _kv_events(f: ConfigFields | None) -> KvEventsSettings:
     if f is None:
-        return KvEvents()
+        return KvEventsSettings()
     endpoints: dict[str, KvEventEndpoint] = {}
     e = f.sub("endpoints")
     if e is not None:
@@ -205,7 +205,7 @@ def _kv_events(f: ConfigFields | None) -> KvEvents:
     tokenizer = f.text("tokenizer", "engine")
     if (problem := tokenizer_problem(tokenizer)) is not None:
         f.fail(f.at("tokenizer"), problem)
-    out = KvEvents(
+    out = KvEventsSettings(
         port=f.integer("port", 0, 0, 65535),
         replay_port=f.integer("replay_port", 0, 0, 65535),
         topic=f.text("topic", ""),

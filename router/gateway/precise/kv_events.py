@@ -40,7 +40,7 @@ from router.core.kv_events import (
     split_message,
     split_replay,
 )
-from router.gateway.config.settings import KvEvents as KvEventsConfig
+from router.gateway.config.settings import KvEventsSettings
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ CATCH_UP_UNTIL = 1 << 62
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30)
 
 
-def endpoints_for(cfg: KvEventsConfig, engines: list[str]) -> dict[str, tuple[str, str | None]]:
+def endpoints_for(cfg: KvEventsSettings, engines: list[str]) -> dict[str, tuple[str, str | None]]:
     """Per engine URL: its event endpoint and replay endpoint (explicit, else the port rule)."""
     out: dict[str, tuple[str, str | None]] = {}
     for url in engines:
@@ -241,7 +241,7 @@ class Subscriber:
     def __init__(
         self,
         core: RoutingCore,
-        cfg: KvEventsConfig,
+        cfg: KvEventsSettings,
         engines: Callable[[], Mapping[str, bool]],
         metrics: EventMetrics,
         clock: Callable[[], float] = time.monotonic,
