@@ -29,7 +29,7 @@ GOSSIP_PRESETS = ("lan", "local")
 
 
 @dataclass(frozen=True, slots=True)
-class Gossip:
+class GossipSettings:
     """Sharing of index deltas and in-flight load with the other router replicas."""
 
     enabled: bool = False
@@ -61,9 +61,9 @@ def gossip_dns(text: str) -> str:
     return text
 
 
-def gossip(f: ConfigFields | None) -> Gossip:
+def gossip(f: ConfigFields | None) -> GossipSettings:
     if f is None:
-        return Gossip()
+        return GossipSettings()
     tls = GossipTls()
     t = f.sub("tls")
     if t is not None:
@@ -83,7 +83,7 @@ def gossip(f: ConfigFields | None) -> Gossip:
                 check(value)
             except ValueError as e:
                 f.fail(f.at(key), str(e))
-    out = Gossip(
+    out = GossipSettings(
         enabled=f.flag("enabled", False),
         port=f.integer("port", 7946, 1, 65535),
         dns=dns.strip(),
@@ -99,7 +99,7 @@ def gossip(f: ConfigFields | None) -> Gossip:
 
 
 def gossip_overrides(
-    g: Gossip,
+    g: GossipSettings,
     *,
     port: int | None,
     peers: list[str] | None,
@@ -107,7 +107,7 @@ def gossip_overrides(
     advertise: str | None,
     node_id: str | None,
     preset: str | None,
-) -> Gossip:
+) -> GossipSettings:
     """The gossip flags applied: ``--gossip-port`` turns gossip on; the others need it on."""
     if port is not None:
         if not 0 < port < 65536:

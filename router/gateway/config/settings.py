@@ -73,7 +73,7 @@ from router.gateway.config.engines import (
 )
 from router.gateway.config.gossip import (
     GOSSIP_PRESETS,
-    Gossip,
+    GossipSettings,
     GossipTls,
     gossip,
     gossip_dns,
@@ -93,7 +93,7 @@ __all__ = [
     "EngineSources",
     "FlowControl",
     "Forwarding",
-    "Gossip",
+    "GossipSettings",
     "GossipTls",
     "HealthSettings",
     "KvEventEndpoint",
@@ -255,7 +255,7 @@ class Config:
     timeouts: Timeouts = field(default_factory=Timeouts)
     limits: Limits = field(default_factory=Limits)
     admin_token_env: str = "KVROUTER_ADMIN_TOKEN"
-    gossip: Gossip = field(default_factory=Gossip)
+    gossip: GossipSettings = field(default_factory=GossipSettings)
     engine_metrics: EngineMetrics = field(default_factory=EngineMetrics)
     flow_control: FlowControl = field(default_factory=FlowControl)
     auth: Auth = field(default_factory=Auth)

@@ -21,7 +21,7 @@ from router.core.load import Load
 from router.core.policy import load_policy, load_policy_text
 from router.gateway.config.settings import (
     Config,
-    Gossip,
+    GossipSettings,
     GossipTls,
     Listen,
     engine_url,
@@ -43,7 +43,9 @@ PROMPT = "the quick brown fox jumps over the lazy dog " * 60
 
 
 def cfg(host: str = "127.0.0.1", **gossip: Any) -> Config:
-    return Config(listen=Listen(host, 8000), gossip=Gossip(enabled=True, port=7946, **gossip))
+    return Config(
+        listen=Listen(host, 8000), gossip=GossipSettings(enabled=True, port=7946, **gossip)
+    )
 
 
 def no_name(_name: str) -> list[str]:
