@@ -117,7 +117,7 @@ class MetricNames:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineMetrics:
+class EngineMetricsSettings:
     """Scraping the engines' own load from their Prometheus /metrics."""
 
     enabled: bool = True
@@ -279,10 +279,10 @@ def _metric_names(f: ConfigFields | None) -> MetricNames:
     return out
 
 
-def engine_metrics(f: ConfigFields | None) -> EngineMetrics:
+def engine_metrics(f: ConfigFields | None) -> EngineMetricsSettings:
     if f is None:
-        return EngineMetrics()
-    out = EngineMetrics(
+        return EngineMetricsSettings()
+    out = EngineMetricsSettings(
         enabled=f.flag("enabled", True),
         interval_seconds=f.seconds("interval_seconds", 0.5),
         timeout_seconds=f.seconds("timeout_seconds", 0.25),

@@ -59,7 +59,7 @@ from typing import Any
 from router.core.fields import ConfigError, ConfigFields, parse_yaml, read_yaml_file, show
 from router.gateway.config.engines import (
     DnsEngines,
-    EngineMetrics,
+    EngineMetricsSettings,
     EngineSources,
     KvEventEndpoint,
     KvEventsSettings,
@@ -89,7 +89,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DnsEngines",
-    "EngineMetrics",
+    "EngineMetricsSettings",
     "EngineSources",
     "FlowControl",
     "Forwarding",
@@ -256,7 +256,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     admin_token_env: str = "KVROUTER_ADMIN_TOKEN"
     gossip: GossipSettings = field(default_factory=GossipSettings)
-    engine_metrics: EngineMetrics = field(default_factory=EngineMetrics)
+    engine_metrics: EngineMetricsSettings = field(default_factory=EngineMetricsSettings)
     flow_control: FlowControl = field(default_factory=FlowControl)
     auth: Auth = field(default_factory=Auth)
     forwarding: Forwarding = field(default_factory=Forwarding)
