@@ -56,9 +56,9 @@ LOOPBACK = "127.0.0.1"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # After the first worker exits, the others get their drain's grace and this margin (the cut,
 # the cleanup) before they are killed.
-STOP_MARGIN_S = 5.0
+STOP_MARGIN_SECONDS = 5.0
 # How often the supervisor looks at its workers even when no sentinel woke it.
-POLL_S = 0.5
+POLL_SECONDS = 0.5
 
 
 def _free_ports(n: int) -> list[int]:
@@ -211,7 +211,7 @@ def supervise(cfg: Config, n: int, level: str) -> int:
                             first.exitcode,
                         )
                     forward(signal.SIGTERM, None)
-                    deadline = time.monotonic() + cfg.drain.grace_seconds + STOP_MARGIN_S
+                    deadline = time.monotonic() + cfg.drain.grace_seconds + STOP_MARGIN_SECONDS
             alive = [p for p in procs if p.exitcode is None]
             if not alive:
                 break
@@ -221,7 +221,9 @@ def supervise(cfg: Config, n: int, level: str) -> int:
                     p.kill()
                 deadline = None
             # The sentinels wake us when a worker exits; the poll interval is a backstop.
-            timeout = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            timeout = (
+                POLL_SECONDS if deadline is None else min(POLL_SECONDS, deadline - time.monotonic())
+            )
             multiprocessing.connection.wait([p.sentinel for p in alive], max(0.0, timeout))
         for p in procs:
             p.join()
