@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from router import hostport
 from router.core.fields import ConfigError, ConfigFields
+from router.gossip.config import DEFAULT_PORT, PRESETS, SECRET_ENV
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +25,8 @@ class GossipTls:
         return bool(self.cert_file or self.key_file or self.ca_file)
 
 
-# Gossip timing presets (router.gossip.config.PRESETS): lan for a cluster, local for one host.
-GOSSIP_PRESETS = ("lan", "local")
+# Gossip timing presets: lan for a cluster, local for one host.
+GOSSIP_PRESETS = tuple(PRESETS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +34,10 @@ class GossipSettings:
     """Sharing of index deltas and in-flight load with the other router replicas."""
 
     enabled: bool = False
-    port: int = 7946
+    port: int = DEFAULT_PORT
     dns: str = ""
     peers: tuple[str, ...] = ()
-    secret_env: str = "KVROUTER_GOSSIP_SECRET"
+    secret_env: str = SECRET_ENV
     tls: GossipTls = field(default_factory=GossipTls)
     # HOST:PORT that peers dial; empty: worked out from the listen address or the pod's IP.
     advertise: str = ""

@@ -30,7 +30,8 @@ from router.gateway.config.settings import (
 )
 from router.gateway.fleet.pool import url_for
 from router.gateway.metrics import FleetView, Metrics
-from router.gateway.replicas.replica import Replica, gossip_config
+from router.gateway.replicas.node_config import gossip_config
+from router.gateway.replicas.replica import Replica
 from router.gossip import LAN, LOCAL, ManualClock, State
 from router.gossip.transport import InMemoryNetwork
 from router.presets import preset_path
