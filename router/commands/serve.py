@@ -22,6 +22,7 @@ import os
 import sys
 
 from router.core.fields import ConfigError
+from router.gateway.config.overrides import with_kv_events, with_overrides
 from router.gateway.config.settings import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -29,8 +30,6 @@ from router.gateway.config.settings import (
     Config,
     check_ready_to_serve,
     load_config,
-    with_kv_events,
-    with_overrides,
 )
 from router.gateway.replicas.node_config import gossip_config
 from router.gateway.runtime.serve import run_gateway, setup_logging

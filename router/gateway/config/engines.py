@@ -176,8 +176,9 @@ def zmq_endpoint(text: str) -> str:
 
 
 def _kv_events(f: ConfigFields | None) -> KvEventsSettings:
+    d = KvEventsSettings()
     if f is None:
-        return KvEventsSettings()
+        return d
     endpoints: dict[str, KvEventEndpoint] = {}
     e = f.sub("endpoints")
     if e is not None:
@@ -186,7 +187,8 @@ def _kv_events(f: ConfigFields | None) -> KvEventsSettings:
             where = e.at(str(url))
             if sub is None:
                 e.fail(where, "must be {endpoint: tcp://HOST:PORT, replay_endpoint: ...}")
-            ep, replay = sub.text("endpoint", "", required=True), sub.text("replay_endpoint", "")
+            ep = sub.text("endpoint", "", required=True)
+            replay = sub.text("replay_endpoint", KvEventEndpoint(ep).replay_endpoint)
             try:
                 key = engine_url(str(url))
                 zmq_endpoint(ep)
@@ -197,22 +199,25 @@ def _kv_events(f: ConfigFields | None) -> KvEventsSettings:
             sub.done()
             endpoints[key] = KvEventEndpoint(ep, replay)
         e.done()
-    weights: dict[str, float] = {"gpu": 1.0, "cpu": 0.5, "disk": 0.25}
+    weights = dict(d.medium_weights)
     w = f.sub("medium_weights")
     if w is not None:
+        # A medium named without a weight counts fully, like the GPU.
         weights = {str(k).lower(): w.number(str(k), 1.0, 0.0, 1.0) for k in list(w.data)}
         w.done()
-    tokenizer = f.text("tokenizer", "engine")
+    tokenizer = f.text("tokenizer", d.tokenizer)
     if (problem := tokenizer_problem(tokenizer)) is not None:
         f.fail(f.at("tokenizer"), problem)
     out = KvEventsSettings(
-        port=f.integer("port", 0, 0, 65535),
-        replay_port=f.integer("replay_port", 0, 0, 65535),
-        topic=f.text("topic", ""),
+        port=f.integer("port", d.port, 0, 65535),
+        replay_port=f.integer("replay_port", d.replay_port, 0, 65535),
+        topic=f.text("topic", d.topic),
         endpoints=endpoints,
         tokenizer=tokenizer,
-        tokenize_timeout_seconds=f.seconds("tokenize_timeout_seconds", 0.5, 0.001),
-        bridge_seconds=f.seconds("bridge_seconds", 5.0, 0.0),
+        tokenize_timeout_seconds=f.seconds(
+            "tokenize_timeout_seconds", d.tokenize_timeout_seconds, 0.001
+        ),
+        bridge_seconds=f.seconds("bridge_seconds", d.bridge_seconds, 0.0),
         medium_weights=weights,
     )
     f.done()
@@ -220,8 +225,9 @@ def _kv_events(f: ConfigFields | None) -> KvEventsSettings:
 
 
 def engine_sources(f: ConfigFields | None) -> EngineSources:
+    d = EngineSources()
     if f is None:
-        return EngineSources()
+        return d
     static: list[str] = []
     key_envs: dict[str, str] = {}
     for i, entry in enumerate(f.values("static")):
@@ -240,25 +246,26 @@ def engine_sources(f: ConfigFields | None) -> EngineSources:
         if key_env:
             key_envs[static[-1]] = key_env
     dns: DnsEngines | None = None
-    d = f.sub("dns")
-    if d is not None:
-        name = d.text("name", "")
+    sub = f.sub("dns")
+    if sub is not None:
+        dd = DnsEngines(name="")
+        name = sub.text("name", dd.name)
         dns = DnsEngines(
             name=name,
-            port=d.integer("port", 8000, 1, 65535),
-            scheme=d.choice("scheme", "http", SCHEMES),
-            interval_seconds=d.seconds("interval_seconds", 10.0, 0.1),
-            api_key_env=d.text("api_key_env", ""),
+            port=sub.integer("port", dd.port, 1, 65535),
+            scheme=sub.choice("scheme", dd.scheme, SCHEMES),
+            interval_seconds=sub.seconds("interval_seconds", dd.interval_seconds, 0.1),
+            api_key_env=sub.text("api_key_env", dd.api_key_env),
         )
-        d.done()
+        sub.done()
         if not name:
             dns = None  # an empty name (the chart's default) means no DNS discovery
     out = EngineSources(
         tuple(static),
         dns,
-        f.seconds("models_refresh_seconds", 30.0, 0.1),
+        f.seconds("models_refresh_seconds", d.models_refresh_seconds, 0.1),
         _kv_events(f.sub("kv_events")),
-        api_key_env=f.text("api_key_env", ""),
+        api_key_env=f.text("api_key_env", d.api_key_env),
         static_key_envs=key_envs,
     )
     f.done()
@@ -280,13 +287,14 @@ def _metric_names(f: ConfigFields | None) -> MetricNames:
 
 
 def engine_metrics(f: ConfigFields | None) -> EngineMetricsSettings:
+    d = EngineMetricsSettings()
     if f is None:
-        return EngineMetricsSettings()
+        return d
     out = EngineMetricsSettings(
-        enabled=f.flag("enabled", True),
-        interval_seconds=f.seconds("interval_seconds", 0.5),
-        timeout_seconds=f.seconds("timeout_seconds", 0.25),
-        stale_after_intervals=f.integer("stale_after_intervals", 4, 1, 1000),
+        enabled=f.flag("enabled", d.enabled),
+        interval_seconds=f.seconds("interval_seconds", d.interval_seconds),
+        timeout_seconds=f.seconds("timeout_seconds", d.timeout_seconds),
+        stale_after_intervals=f.integer("stale_after_intervals", d.stale_after_intervals, 1, 1000),
         names=_metric_names(f.sub("names")),
     )
     f.done()

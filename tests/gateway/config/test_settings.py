@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from router.cli import main
 from router.commands import serve
 from router.core.fields import MAX_YAML_BYTES, ConfigError
+from router.gateway.config.overrides import with_overrides
 from router.gateway.config.settings import (
     Config,
     DnsEngines,
@@ -21,7 +22,6 @@ from router.gateway.config.settings import (
     load_config,
     load_config_text,
     parse_config,
-    with_overrides,
 )
 
 CHART_SHAPE = """

@@ -19,6 +19,7 @@ from router.core.decision import RoutingCore
 from router.core.fields import ConfigError
 from router.core.load import Load
 from router.core.policy import load_policy, load_policy_text
+from router.gateway.config.overrides import with_overrides
 from router.gateway.config.settings import (
     Config,
     GossipSettings,
@@ -26,7 +27,6 @@ from router.gateway.config.settings import (
     Listen,
     engine_url,
     load_config_text,
-    with_overrides,
 )
 from router.gateway.fleet.pool import url_for
 from router.gateway.metrics import FleetView, Metrics
