@@ -1,21 +1,22 @@
 """The gateway's config file: its model and strict loading.
 
-The file's shape is shared with the Helm chart, so its names are a contract::
+The file's shape is shared with the Helm chart, so its names are a contract. Every field, with
+its default (tests/gateway/config/test_settings.py holds this example to the dataclasses)::
 
     listen: {host: 0.0.0.0, port: 8000, metrics_port: 0}   # 0: /metrics on the API port
-    policy: /etc/kvrouter/policy/policy.yaml     # a file, or a preset name
+    policy: kv-aware                             # a preset name, or a policy file
     policy_reload: {enabled: true, interval_seconds: 2}
     engines:                                     # or ``backends``, the released spelling
-      static: [http://vllm-0.vllm:8000]       # or {url: URL, api_key_env: NAME} entries
-      dns: {name: vllm-headless.default.svc.cluster.local, port: 8000, scheme: http,
+      static: []                        # URLs, or {url: URL, api_key_env: NAME} entries
+      dns: {name: "", port: 8000, scheme: http,  # name: a headless Service's DNS name
             interval_seconds: 10, api_key_env: ""}
       models_refresh_seconds: 30
       api_key_env: ""                          # the variable holding the engines' API key
       kv_events: {port: 0, replay_port: 0, topic: "", tokenizer: engine,
                   tokenize_timeout_seconds: 0.5, bridge_seconds: 5,
                   medium_weights: {gpu: 1.0, cpu: 0.5, disk: 0.25},
-                  endpoints: {ENGINE_URL: {endpoint: tcp://HOST:PORT,
-                                           replay_endpoint: tcp://HOST:PORT}}}
+                  # {ENGINE_URL: {endpoint: tcp://HOST:PORT, replay_endpoint: tcp://HOST:PORT}}
+                  endpoints: {}}
     health: {path: /health, interval_seconds: 5, timeout_seconds: 2, eject_after_failures: 3,
              readmit_backoff_seconds: 5, readmit_backoff_max_seconds: 60,
              max_ejected_percent: 50}
@@ -27,13 +28,22 @@ The file's shape is shared with the Helm chart, so its names are a contract::
     auth: {api_keys_file: "", api_keys_env: KVROUTER_API_KEYS}
     forwarding: {client_credentials: false, trust_forwarding_headers: false}
     drain: {grace_seconds: 10}
-    engine_metrics: {enabled: true, interval_seconds: 0.5, timeout_seconds: 0.25,
-                     stale_after_intervals: 4,
-                     names: {running: [...], waiting: [...], kv_usage: [...]}}
+    engine_metrics:
+      enabled: true
+      interval_seconds: 0.5
+      timeout_seconds: 0.25
+      stale_after_intervals: 4
+      names:
+        running: [vllm:num_requests_running, sglang:num_running_reqs,
+                  llamacpp:requests_processing]
+        waiting: [vllm:num_requests_waiting, sglang:num_queue_reqs, llamacpp:requests_deferred]
+        kv_usage: [vllm:kv_cache_usage_perc, vllm:gpu_cache_usage_perc, sglang:token_usage,
+                   llamacpp:kv_cache_usage_ratio]
     flow_control: {enabled: true, max_queue: 1024, max_wait_seconds: 30,
                    max_inflight_per_engine: 0, priority_reserve: 0,
                    tenant_header: x-kvrouter-tenant,
-                   priority_header: x-kvrouter-priority, retry_after_seconds: 1}
+                   priority_header: x-kvrouter-priority, retry_after_seconds: 1,
+                   engine_waiting_threshold: 1, engine_kv_usage_threshold: 0.98}
     gossip: {enabled: false, port: 7946, dns: "", peers: [], secret_env: KVROUTER_GOSSIP_SECRET,
              tls: {cert_file: "", key_file: "", ca_file: ""}, advertise: "", node_id: "",
              preset: lan}
@@ -41,12 +51,14 @@ The file's shape is shared with the Helm chart, so its names are a contract::
 The ``engines`` and ``engine_metrics`` sections live in this package's ``engines``, ``gossip`` in
 its ``gossip``; this module composes them with the rest into ``Config`` and re-exports them.
 
-Every section and field is optional; defaults are the values above, except that there are no
-engines by default. Gossip listens on ``listen.host`` at ``gossip.port``; ``gossip.dns`` is
-NAME:PORT (or NAME, for the gossip port) and each of ``gossip.peers`` is HOST:PORT; an empty
-``advertise`` or ``node_id`` is worked out at start (``router.gateway.replicas.replica``). Loading
-is strict like the policy loader (``router.core.fields``): unknown keys and wrong types are errors
-that name the file and the field path.
+Every section and field is optional. There are no engines by default, and an empty
+``engines.dns.name`` means no DNS discovery. Gossip listens on ``listen.host`` at
+``gossip.port``; ``gossip.dns`` is NAME:PORT (or NAME, for the gossip port) and each of
+``gossip.peers`` is HOST:PORT; an empty ``advertise`` or ``node_id`` is worked out at start
+(``router.gateway.replicas.node_config``). Loading is strict like the policy loader
+(``router.core.fields``): unknown keys and wrong types are errors that name the file and the
+field path. The command-line flags are applied over the file's values by
+``router.gateway.config.overrides``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import textwrap
+import types
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -13,6 +18,7 @@ from hypothesis import strategies as st
 from router.cli import main
 from router.commands import serve
 from router.core.fields import MAX_YAML_BYTES, ConfigError
+from router.gateway.config import settings as settings_module
 from router.gateway.config.overrides import with_overrides
 from router.gateway.config.settings import (
     Config,
@@ -76,6 +82,59 @@ def test_config_chart_shape_equals_defaults_but_backends() -> None:
         d.limits,
         d.gossip,
     )
+
+
+# Filled from other keys (the {url, api_key_env} entries of engines.static), not keys themselves.
+DERIVED = {"engines.static_key_envs"}
+
+
+def documented_example() -> Any:
+    """The YAML example in the settings module's docstring, parsed."""
+    doc = settings_module.__doc__ or ""
+    block = doc.split("::\n", 1)[1].split("\n\n", 1)[0]
+    return yaml.safe_load(textwrap.dedent(block))
+
+
+def field_paths(cls: type, prefix: str = "") -> tuple[set[str], set[str]]:
+    """(leaf fields, sections) of a config dataclass, as dotted paths."""
+    leaves: set[str] = set()
+    sections: set[str] = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        hint = hints[f.name]
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        kind = inner[0] if isinstance(hint, types.UnionType) and len(inner) == 1 else hint
+        if dataclasses.is_dataclass(kind):
+            sections.add(path)
+            sub_leaves, sub_sections = field_paths(typing.cast(type, kind), f"{path}.")
+            leaves |= sub_leaves
+            sections |= sub_sections
+        else:
+            leaves.add(path)
+    return leaves, sections
+
+
+def example_paths(data: Any, sections: set[str], prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if path in sections:
+            assert isinstance(value, dict), f"{path}: a section, written as {value!r}"
+            out |= example_paths(value, sections, f"{path}.")
+        else:
+            out.add(path)
+    return out
+
+
+def test_docstring_example_names_every_field() -> None:
+    leaves, sections = field_paths(Config)
+    written, fields = example_paths(documented_example(), sections), leaves - DERIVED
+    assert (sorted(fields - written), sorted(written - fields)) == ([], []), "(missing, unknown)"
+
+
+def test_docstring_example_gives_every_default() -> None:
+    assert parse_config(documented_example(), "docstring") == Config()
 
 
 def test_config_empty_file_is_defaults() -> None:
