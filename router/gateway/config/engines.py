@@ -83,10 +83,17 @@ class EngineSources:
     models_refresh_seconds: float = 30.0
     kv_events: KvEventsSettings = field(default_factory=KvEventsSettings)
     # Environment variables holding the API keys engines are sent
-    # (router.gateway.config.engine_keys): this one for every engine without its own, and per static
-    # URL.
+    # (router.gateway.config.engine_keys): this one for every engine without its own, and per
+    # static URL.
     api_key_env: str = ""
     static_key_envs: Mapping[str, str] = field(default_factory=dict)
+    # The key the file gave this section (engines, or the released spelling backends), so that
+    # messages about it name what the user wrote; two spellings of one setup are equal.
+    section: str = field(default="engines", compare=False)
+
+    def key(self, path: str) -> str:
+        """The full key of ``path`` in this section as the file spells it."""
+        return f"{self.section}.{path}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +274,7 @@ def engine_sources(f: ConfigFields | None) -> EngineSources:
         _kv_events(f.sub("kv_events")),
         api_key_env=f.text("api_key_env", d.api_key_env),
         static_key_envs=key_envs,
+        section=f.path,
     )
     f.done()
     return out

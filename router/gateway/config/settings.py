@@ -455,6 +455,6 @@ def check_ready_to_serve(cfg: Config) -> None:
     kv = cfg.engines.kv_events
     if kv.tokenizer != "engine" and not kv.enabled:
         raise ConfigError(
-            "backends.kv_events.tokenizer (--tokenizer): token ids key only engines that "
-            "publish KV events; give --kv-events or --kv-events-port too"
+            f"{cfg.engines.key('kv_events.tokenizer')} (--tokenizer): token ids key only "
+            "engines that publish KV events; give --kv-events or --kv-events-port too"
         )

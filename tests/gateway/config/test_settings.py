@@ -84,8 +84,9 @@ def test_config_chart_shape_equals_defaults_but_backends() -> None:
     )
 
 
-# Filled from other keys (the {url, api_key_env} entries of engines.static), not keys themselves.
-DERIVED = {"engines.static_key_envs"}
+# Not keys of their own: filled from the {url, api_key_env} entries of engines.static, and the
+# spelling the file gave the section.
+DERIVED = {"engines.static_key_envs", "engines.section"}
 
 
 def documented_example() -> Any:
@@ -382,6 +383,21 @@ def test_fuzz_config_any_file_config_or_config_error(text: str) -> None:
         assert str(e).startswith("fuzz.yaml: ")
         return
     assert isinstance(got, Config)
+
+
+@pytest.mark.parametrize("key", ["engines", "backends"])
+def test_check_tokenizer_without_events_names_the_section_as_written(key: str) -> None:
+    cfg = load_config_text(f"{key}: {{static: [http://a:1], kv_events: {{tokenizer: /t}}}}", "c")
+    assert cfg.engines.key("kv_events.tokenizer") == f"{key}.kv_events.tokenizer"
+    with pytest.raises(ConfigError, match=rf"^{key}\.kv_events\.tokenizer \(--tokenizer\): "):
+        check_ready_to_serve(cfg)
+
+
+def test_config_engines_and_backends_spellings_are_one_config() -> None:
+    text = "{}: {{static: [http://10.0.0.1:8000]}}\n"
+    assert load_config_text(text.format("engines"), "c") == load_config_text(
+        text.format("backends"), "c"
+    )
 
 
 def test_kv_events_tokenizer_is_engine_or_a_path(tmp_path: Path) -> None:
