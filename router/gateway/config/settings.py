@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from router import presets
-from router.core.fields import ConfigError, ConfigFields, parse_yaml, read_yaml_file, show
+from router.core.fields import ConfigError, ConfigFields, parse_yaml, show
 from router.gateway.config.engines import (
     DnsEngines,
     EngineMetricsSettings,
@@ -80,6 +80,7 @@ from router.gateway.config.engines import (
     engine_sources,
     engine_url,
 )
+from router.gateway.config.files import read_text
 from router.gateway.config.gossip import (
     GOSSIP_PRESETS,
     GossipSettings,
@@ -437,8 +438,7 @@ def load_config_text(text: str, where: str) -> Config:
 
 def load_config(path: str | Path) -> Config:
     """Read and parse a config file."""
-    data, where = read_yaml_file(path, ConfigError)
-    return parse_config(data, where)
+    return load_config_text(read_text(Path(path), ConfigError), str(path))
 
 
 def check_ready_to_serve(cfg: Config) -> None:
