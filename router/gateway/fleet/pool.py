@@ -13,7 +13,7 @@ one engine, as behind a Kubernetes headless Service). Each engine's model list c
   stays healthy for the maximum backoff starts again from the base.
 
 Only healthy engines that serve the model are routing candidates. An ejected engine stays known
-to the router (``Router.set_engines`` lists every known engine), so its index entries are kept
+to the router (``RoutingCore.set_engines`` lists every known engine), so its index entries are kept
 and count again when it returns; an engine that leaves DNS is dropped with its entries.
 """
 

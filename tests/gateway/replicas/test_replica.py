@@ -1,7 +1,7 @@
 """A replica's gossip settings and its glue to the routing core, in one process.
 
 ``gossip_config`` is checked table by table (flags, file, environment, defaults). Replicas are
-real ``Router`` + ``Replica`` pairs on the in-memory network and a virtual clock: what one
+real ``RoutingCore`` + ``Replica`` pairs on the in-memory network and a virtual clock: what one
 routes, the others route the same way; a dead peer's load leaves the books, its blocks stay.
 """
 
@@ -204,12 +204,12 @@ def test_engine_name_same_from_static_url_and_dns(static: str, dns: tuple[str, s
 
 @dataclasses.dataclass
 class Pair:
-    router: RoutingCore
+    core: RoutingCore
     replica: Replica
 
 
 class Replicas:
-    """Routers with their replicas on one in-memory network and one virtual clock."""
+    """Routing cores with their replicas on one in-memory network and one virtual clock."""
 
     def __init__(self) -> None:
         self.clock = ManualClock()
@@ -224,17 +224,17 @@ class Replicas:
         config = GossipConfig(
             node_id=name, bind=address, seeds=seeds, secret=SECRET.encode(), tuning=LOCAL
         )
-        router = RoutingCore(policy or load_policy(preset_path("kv-aware")), run_origin(name))
-        router.set_engines(dict.fromkeys(ENGINES, 1))
+        core = RoutingCore(policy or load_policy(preset_path("kv-aware")), run_origin(name))
+        core.set_engines(dict.fromkeys(ENGINES, 1))
         replica = Replica(
             config,
-            router,
+            core,
             now=self.clock.now,
             transport=self.network.transport(address),
             clock=self.clock,
         )
         await replica.node.start()
-        pair = Pair(router, replica)
+        pair = Pair(core, replica)
         self.started.append(pair)
         return pair
 
@@ -257,16 +257,16 @@ async def replicas() -> AsyncIterator[Replicas]:
 
 def route(p: Pair, prompt: str = PROMPT) -> Any:
     """What an exchange does: decide, acquire, record on the answer, publish the delta."""
-    d = p.router.decide({"model": "m", "prompt": prompt}, ENGINES, now=0.0)
-    delta = p.router.record(p.router.acquire(d, str(d.engine), 0.0), now=0.0)
+    d = p.core.decide({"model": "m", "prompt": prompt}, ENGINES, now=0.0)
+    delta = p.core.record(p.core.acquire(d, str(d.engine), 0.0), now=0.0)
     assert delta is not None
     p.replica.queue(delta)
     return d
 
 
 def overlap(p: Pair, prompt: str = PROMPT) -> dict[str, int]:
-    _, keys = p.router.keys_of({"model": "m", "prompt": prompt})
-    return dict(zip(ENGINES, p.router.index.overlaps(keys, ENGINES), strict=True))
+    _, keys = p.core.keys_of({"model": "m", "prompt": prompt})
+    return dict(zip(ENGINES, p.core.index.overlaps(keys, ENGINES), strict=True))
 
 
 async def test_replica_routed_on_a_routes_same_on_b_load_summed_dead_load_dropped(
@@ -280,13 +280,13 @@ async def test_replica_routed_on_a_routes_same_on_b_load_summed_dead_load_droppe
     first = route(a, prompt)
     assert first.engine is not None
     assert await replicas.settle(lambda: overlap(b, prompt)[first.engine] > 0)
-    again = b.router.decide({"model": "m", "prompt": prompt + " next turn"}, ENGINES, now=0.0)
+    again = b.core.decide({"model": "m", "prompt": prompt + " next turn"}, ENGINES, now=0.0)
     assert again.engine == first.engine and again.overlap_of(first.engine) > 0
     # a still holds the first request's load: b sees it in the fleet-wide figures.
-    assert await replicas.settle(lambda: b.router.loads.total(first.engine).requests == 1)
+    assert await replicas.settle(lambda: b.core.loads.total(first.engine).requests == 1)
     await a.replica.node.stop(leave=False)  # a crash: no goodbye
     assert await replicas.settle(lambda: b.replica.peers()["dead"] == 1)
-    assert b.router.loads.total(first.engine) == Load()
+    assert b.core.loads.total(first.engine) == Load()
     assert overlap(b, prompt)[first.engine] > 0  # the engine still holds the blocks
 
 
@@ -298,7 +298,7 @@ async def test_replica_policy_changes_block_size_remote_deltas_reach_new_index(
     assert await replicas.settle(lambda: b.replica.peers()["alive"] == 1)
     for p in (a, b):
         text = "name: t\nblock_chars: 1024\nscorers: [{type: prefix-overlap, weight: 1}]\n"
-        p.router.set_policy(load_policy_text(text, "t"))
+        p.core.set_policy(load_policy_text(text, "t"))
     d = route(a)
     assert await replicas.settle(lambda: overlap(b)[str(d.engine)] > 0)
 
