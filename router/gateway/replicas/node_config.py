@@ -26,7 +26,7 @@ from pathlib import Path
 
 from router import hostport
 from router.core.fields import ConfigError
-from router.gateway.config.settings import Config, GossipTls
+from router.gateway.config.settings import DEFAULT_HOST, Config, GossipTls
 from router.gossip.config import (
     MIN_SECRET_BYTES,
     PRESETS,
@@ -71,7 +71,7 @@ def gossip_config(
     # GossipConfig checks itself and raises the same ConfigError.
     return GossipConfig(
         node_id=node_id,
-        bind=hostport.join(host or "0.0.0.0", g.port),
+        bind=hostport.join(host or DEFAULT_HOST, g.port),
         advertise=advertise,
         seeds=g.peers,
         dns_name=g.dns or None,
