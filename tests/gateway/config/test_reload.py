@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from router.core import policy as core_policy
 from router.core.fields import MAX_YAML_BYTES
-from router.core.policy import Policy, PolicyError
+from router.core.policy import Policy, PolicyError, load_policy_text
 from router.gateway.config import reload
 from router.gateway.config.reload import PolicyWatcher, Result
 from router.gossip.clock import ManualClock
@@ -276,7 +275,7 @@ async def test_run_parses_in_a_worker_thread(
     running: Watched, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     threads: list[int] = []
-    real = core_policy.load_policy_text
+    real = load_policy_text
 
     def spy(text: str, where: str) -> Policy:
         threads.append(threading.get_ident())

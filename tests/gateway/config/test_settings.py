@@ -15,10 +15,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import router.gateway.config.settings
 from router.cli import main
 from router.commands import serve
 from router.core.fields import MAX_YAML_BYTES, ConfigError
-from router.gateway.config import settings as settings_module
 from router.gateway.config.overrides import with_overrides
 from router.gateway.config.settings import (
     Config,
@@ -91,7 +91,7 @@ DERIVED = {"engines.static_key_envs", "engines.section"}
 
 def documented_example() -> Any:
     """The YAML example in the settings module's docstring, parsed."""
-    doc = settings_module.__doc__ or ""
+    doc = router.gateway.config.settings.__doc__ or ""
     block = doc.split("::\n", 1)[1].split("\n\n", 1)[0]
     return yaml.safe_load(textwrap.dedent(block))
 
