@@ -87,6 +87,7 @@ from router.gateway.config.gossip import (
     GossipTls,
     gossip,
 )
+from router.gateway.openai.request import LARGE_BODY_BYTES, MAX_LARGE_BODY_PARSES
 
 # The sections kept in their own modules are part of this module's model.
 __all__ = [
@@ -180,9 +181,10 @@ class Limits:
     # balancers commonly keep idle connections, so that they close them first.
     keepalive_timeout_seconds: float = 75.0
     # Bodies above this are parsed in a thread, at most max_large_body_parses at once: a
-    # parse costs several times the body's size (router.gateway.openai.request).
-    large_body_bytes: int = 1024 * 1024
-    max_large_body_parses: int = 1
+    # parse costs several times the body's size. The parser's own defaults, with their
+    # reasons (router.gateway.openai.request), which engine-sim parses with too.
+    large_body_bytes: int = LARGE_BODY_BYTES
+    max_large_body_parses: int = MAX_LARGE_BODY_PARSES
 
 
 @dataclass(frozen=True, slots=True)
