@@ -26,10 +26,10 @@ import sys
 from dataclasses import asdict, dataclass
 
 from router.core.stats import percentile
+from router.gateway.replicas.in_process import Fleet, Replica
 from router.gossip.clock import ManualClock
 from router.gossip.config import LAN
 from router.gossip.wire import pb
-from tests.replica_fleet import Fleet, Replica
 
 
 @dataclass(frozen=True)

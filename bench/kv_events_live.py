@@ -79,7 +79,7 @@ COMPLETIONS = "/v1/completions"
 PREFILL_TOKENS_PER_S = 400_000
 DECODE_TOKENS_PER_S = 1_000
 MAX_BATCH = 16
-REQUEST_TIMEOUT_S = 120.0
+REQUEST_TIMEOUT_SECONDS = 120.0
 RUNS = ("approximate", "precise", "precise-local", "pooled")
 
 
@@ -179,7 +179,7 @@ async def replay(
     before_reset: dict[str, Any] = {}
     indices = iter(range(len(work)))
     connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
 
         async def restart_engine(url: str) -> None:

@@ -23,7 +23,7 @@ from router.commands.fleet import Proc, http_json, start, start_ready, wait_unti
 from router.hostport import LOOPBACK, free_port, free_ports
 
 MODEL = "sim-model"
-STARTUP_TIMEOUT_S = 60.0
+STARTUP_TIMEOUT_SECONDS = 60.0
 
 KVROUTER_POLICIES = {"kvrouter kv-aware": "kv-aware", "kvrouter round-robin": "round-robin"}
 SGLANG_POLICIES = {"sglang cache_aware": "cache_aware", "sglang round_robin": "round_robin"}
@@ -75,7 +75,7 @@ def start_peer(peer: Peer, workers: Sequence[str], policy: str, tmp: Path) -> Pr
 
 def _wait_peer_workers(peer: Peer, proc: Proc, n: int) -> None:
     # It answers /health before its workers are registered; GET /workers says when they are.
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
     last: object = None
     while time.monotonic() < deadline:
         if not proc.alive():
@@ -116,13 +116,13 @@ def start_router(
     args += extra
     env = {"KVROUTER_GOSSIP_SECRET": GOSSIP_SECRET}  # for --replicas; never leaves loopback
     if name != BASELINE:
-        return start_ready(args, tmp, ready_path="/ready", timeout=STARTUP_TIMEOUT_S, env=env)
+        return start_ready(args, tmp, ready_path="/ready", timeout=STARTUP_TIMEOUT_SECONDS, env=env)
     assert checkout is not None, "the baseline runs from a checkout"
     return start_ready(
         args,
         tmp,
         ready_path="/ready",
-        timeout=STARTUP_TIMEOUT_S,
+        timeout=STARTUP_TIMEOUT_SECONDS,
         cwd=checkout,
         env={**env, "PYTHONPATH": str(checkout)},
     )
@@ -152,7 +152,7 @@ def start_routers(
         wait_until(
             lambda: all(alive_peers(p) == replicas - 1 for p in procs),
             f"{name}: {replicas} replicas all seeing each other",
-            STARTUP_TIMEOUT_S,
+            STARTUP_TIMEOUT_SECONDS,
         )
     except BaseException:
         for p in procs:

@@ -62,7 +62,7 @@ from router.presets import preset_text
 COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
 # A replayed request that has not finished by then counts as failed (the engines are quick).
-REQUEST_TIMEOUT_S = 300.0
+REQUEST_TIMEOUT_SECONDS = 300.0
 
 
 def load_trace(path: Path, limit: int) -> list[TraceRequest]:
@@ -217,7 +217,7 @@ async def replay(
     request i to ``urls[i % len(urls)]``, as a Service spreads them over replicas."""
     out = Replay()
     connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
     t_first = trace[0].timestamp
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         tasks = []

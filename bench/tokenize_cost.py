@@ -6,7 +6,7 @@ computing them on its worker threads (``local``). The prompts are the first ``--
 distinct prompts of a Mooncake trace. Each is tokenized once per way, by a fresh ``Tokenizer``,
 so every call misses the cache. The two ways alternate, prompt by prompt, in one process, and
 they must give the same ids (checked). The model is a byte-level BPE trained here on those
-prompts (``tests.tokenizer_files``), or ``--tokenizer PATH``.
+prompts (``router.enginesim.model_files``), or ``--tokenizer PATH``.
 
 The engine's side is the work vLLM's API server does: the same encode of the same text, plus
 the JSON of the ids and the HTTP round trip. The local side is that encode alone. So the ratio
@@ -31,11 +31,11 @@ import orjson
 from router.commands.fleet import running, start_ready
 from router.core.stats import percentile
 from router.core.workload import from_mooncake
+from router.enginesim.model_files import write_tokenizer
 from router.gateway.openai.request import Inbound, parse
 from router.gateway.precise.tokenize import Tokenizer
 from router.gateway.upstream.client import HttpUpstream
 from router.local_tokenizer import LocalTokenizer
-from tests.tokenizer_files import write_tokenizer
 
 MODEL = "sim-model"
 

@@ -8,8 +8,8 @@
 - ``commands`` and ``cli``: the ``kvrouter`` command.
 - ``hostport``: addresses (HOST:PORT syntax, loopback, free ports); ``presets``: the shipped
   policy files; ``policy_file``: reading a policy file (the core parses only text);
-  ``eventloop``: uvloop where installed; ``local_tokenizer``: a model's own tokenizer and chat template, for the
-  gateway's precise mode and engine-sim alike.
+  ``eventloop``: uvloop where installed; ``local_tokenizer``: a model's own tokenizer and chat
+  template, for the gateway's precise mode and engine-sim alike.
 """
 
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 """Token ids from the model's own tokenizer file and chat template, with no call to an engine.
 
-``--tokenizer PATH`` (``backends.kv_events.tokenizer: PATH``) names a Hugging Face
+``--tokenizer PATH`` (``engines.kv_events.tokenizer: PATH``) names a Hugging Face
 ``tokenizer.json``, or the folder of a model's files that holds one. The chat template is the
 folder's ``chat_template.jinja`` if there is one, else ``tokenizer_config.json``'s
 ``chat_template`` (a string, or named templates of which ``default`` is taken); the special
@@ -213,12 +213,12 @@ class LocalTokenizer:
         return self.encode(*self.text_of(body))
 
 
-def configured(setting: str) -> LocalTokenizer | None:
-    """The tokenizer ``backends.kv_events.tokenizer`` names (None for ``engine``); raises
-    ``ConfigError`` when it cannot be loaded."""
+def configured(setting: str, key: str = "engines.kv_events.tokenizer") -> LocalTokenizer | None:
+    """The tokenizer a ``tokenizer`` setting names (None for ``engine``); raises
+    ``ConfigError`` naming ``key``, the setting as the user wrote it, when it cannot be loaded."""
     if setting == "engine":
         return None
     try:
         return LocalTokenizer.load(setting)
     except ValueError as e:
-        raise ConfigError(f"backends.kv_events.tokenizer: {e}") from None
+        raise ConfigError(f"{key}: {e}") from None

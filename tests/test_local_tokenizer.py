@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from router.local_tokenizer import LocalTokenizer
-from tests.tokenizer_files import BOS, write_tokenizer
+from router.core.fields import ConfigError
+from router.enginesim.model_files import BOS, write_tokenizer
+from router.local_tokenizer import LocalTokenizer, configured
 
 HELLO = [{"role": "user", "content": "keep answers short"}]
 
@@ -127,3 +128,11 @@ def test_missing_or_broken_files_say_what_is_wrong(tmp_path: Path) -> None:
     folder = write_tokenizer(tmp_path / "bad-template", template="{% for %}")
     with pytest.raises(ValueError, match="chat template"):
         LocalTokenizer.load(folder)
+
+
+def test_configured_unloadable_names_the_key_the_user_wrote(tmp_path: Path) -> None:
+    assert configured("engine") is None
+    with pytest.raises(
+        ConfigError, match=r"^backends\.kv_events\.tokenizer: .*absent: no tokenizer\.json"
+    ):
+        configured(str(tmp_path / "absent"), "backends.kv_events.tokenizer")

@@ -34,9 +34,9 @@ from router.hostport import LOOPBACK, free_port
 # kvrouter as this interpreter runs it: from the checkout in development, else the installed one.
 KVROUTER = (sys.executable, "-m", "router.cli")
 # A gateway drains in-flight requests on SIGTERM; 10 s covers a test's or the demo's longest.
-STOP_GRACE_S = 10.0
-READY_TIMEOUT_S = 30.0
-POLL_S = 0.05
+STOP_GRACE_SECONDS = 10.0
+READY_TIMEOUT_SECONDS = 30.0
+POLL_SECONDS = 0.05
 
 
 @dataclass
@@ -58,13 +58,13 @@ class Proc:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_GRACE_S) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_GRACE_SECONDS) -> int:
         """Stop the process (``sig`` first, SIGKILL after ``timeout``); return its exit code."""
         if self.popen.poll() is None:
             self.popen.send_signal(sig)
         return self.reap(timeout)
 
-    def reap(self, timeout: float = STOP_GRACE_S) -> int:
+    def reap(self, timeout: float = STOP_GRACE_SECONDS) -> int:
         """Wait for the process to exit (SIGKILL after ``timeout``); return its exit code."""
         try:
             self.popen.wait(timeout)
@@ -107,7 +107,7 @@ def start_ready(
     log: Path,
     *,
     ready_path: str = "/health",
-    timeout: float = READY_TIMEOUT_S,
+    timeout: float = READY_TIMEOUT_SECONDS,
     ready_headers: Mapping[str, str] | None = None,
     name: str = "",
     port: int = 0,
@@ -135,7 +135,7 @@ def wait_ready(
     url: str,
     *,
     proc: Proc | None = None,
-    timeout: float = READY_TIMEOUT_S,
+    timeout: float = READY_TIMEOUT_SECONDS,
     headers: Mapping[str, str] | None = None,
 ) -> None:
     """Poll ``GET url`` (with ``headers``) until it answers 200, for up to ``timeout`` seconds.
@@ -160,11 +160,11 @@ def wait_ready(
             last = e
         except (urllib.error.URLError, OSError) as e:
             last = e
-        time.sleep(POLL_S)
+        time.sleep(POLL_SECONDS)
     raise TimeoutError(f"{url} not ready after {timeout} s ({last}){where}")
 
 
-def stop_all(procs: Sequence[Proc], timeout: float = STOP_GRACE_S) -> None:
+def stop_all(procs: Sequence[Proc], timeout: float = STOP_GRACE_SECONDS) -> None:
     """Signal every process still up, newest first, then wait for each (SIGKILL after
     ``timeout``): they drain side by side, not one after another."""
     for p in reversed(procs):
@@ -190,7 +190,7 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> N
     while time.monotonic() < deadline:
         if check():
             return
-        time.sleep(POLL_S)
+        time.sleep(POLL_SECONDS)
     raise TimeoutError(f"timed out waiting for {what} ({timeout} s)")
 
 

@@ -18,9 +18,11 @@ the environment (KVROUTER_GOSSIP_SECRET), or mutual TLS from the file's ``gossip
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from router.core.fields import ConfigError
+from router.gateway.config.overrides import with_kv_events, with_overrides
 from router.gateway.config.settings import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -28,10 +30,9 @@ from router.gateway.config.settings import (
     Config,
     check_ready_to_serve,
     load_config,
-    with_kv_events,
-    with_overrides,
 )
-from router.gateway.runtime.serve import gossip_from, run_gateway, setup_logging
+from router.gateway.replicas.node_config import gossip_config
+from router.gateway.runtime.serve import run_gateway, setup_logging
 from router.presets import DEFAULT, NAMES
 
 
@@ -199,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
             from router.gateway.runtime.workers import supervise
 
             return supervise(cfg, args.workers, args.log_level)
-        gossip = gossip_from(cfg)
+        gossip = gossip_config(cfg, os.environ)
     except ConfigError as e:
         print(f"kvrouter serve: {e}", file=sys.stderr)
         return 2

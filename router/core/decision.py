@@ -38,7 +38,7 @@ from typing import Any
 from router.core.blocks import RoutingText, block_keys, namespace_seed, routing_text
 from router.core.engine_blocks import Change
 from router.core.index import BlockIndex, Delta, IndexLimits
-from router.core.load import DEFAULT_STALE_AFTER_S, LoadBook
+from router.core.load import DEFAULT_STALE_AFTER_SECONDS, LoadBook
 from router.core.pickers import PICKERS, ROUND_ROBIN, Choice
 from router.core.policy import Policy
 from router.core.precise import PreciseSettings, TokenPrompt, precise_overlaps
@@ -64,7 +64,7 @@ class CoreSettings:
     """
 
     precise: PreciseSettings = field(default_factory=PreciseSettings)
-    stale_after: float = DEFAULT_STALE_AFTER_S
+    stale_after: float = DEFAULT_STALE_AFTER_SECONDS
 
 
 @dataclass(frozen=True, slots=True)

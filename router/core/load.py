@@ -55,7 +55,7 @@ class EngineReport:
 
 
 # A report is trusted this long by default: a few scrape intervals of the gateway's default.
-DEFAULT_STALE_AFTER_S = 2.0
+DEFAULT_STALE_AFTER_SECONDS = 2.0
 
 
 class _Reported:
@@ -78,7 +78,7 @@ class _Reported:
 class LoadBook:
     """Local in-flight counters per engine and the latest report from each peer."""
 
-    def __init__(self, stale_after: float = DEFAULT_STALE_AFTER_S) -> None:
+    def __init__(self, stale_after: float = DEFAULT_STALE_AFTER_SECONDS) -> None:
         self.stale_after = stale_after
         self._requests: dict[str, int] = {}
         self._tokens: dict[str, int] = {}

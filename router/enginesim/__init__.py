@@ -21,4 +21,6 @@ Modules, from the request inwards:
   events, with replay.
 - ``app``: the aiohttp app: routes, pacing of streams, faults, ``/stats`` and ``/reset``.
 - ``cli``: the ``engine-sim`` subcommand's options and process.
+- ``model_files``: a simulated model's tokenizer files (a small BPE trained on a fixed corpus
+  and a ChatML template), for a local tokenizer where no real model can be downloaded.
 """

@@ -26,7 +26,8 @@ body is read; setting a fault replaces the pending one.
     POST /fault {"mode": "status", "status": 503, "count": N}
         answer ``status`` (400-599) in OpenAI's error shape, before any other byte
     POST /fault {"mode": "hang", "count": N}
-        accept the request and send nothing until the client gives up (a 504 after HANG_LIMIT_S)
+        accept the request and send nothing until the client gives up (a 504 after
+        HANG_LIMIT_SECONDS)
     POST /fault {"mode": "drop-mid-stream", "count": N}
         serve normally, then abort the connection after the first two tokens (a non-streamed
         answer is cut after half its body)
@@ -83,10 +84,10 @@ log = logging.getLogger(__name__)
 # Long-context prompts (100k+ tokens of JSON) must fit; anything larger is a client bug.
 MAX_BODY_BYTES = 64 * 1024 * 1024
 # A hung request gives up by itself eventually, so a forgotten client cannot pin it forever.
-HANG_LIMIT_S = 300.0
+HANG_LIMIT_SECONDS = 300.0
 DROP_AFTER_TOKENS = 2
 # In-flight streams get this long to finish on SIGTERM before they are cancelled.
-SHUTDOWN_GRACE_S = 2.0
+SHUTDOWN_GRACE_SECONDS = 2.0
 
 ENGINE = web.AppKey("engine", Engine)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
@@ -129,8 +130,8 @@ async def _take_fault(request: web.Request) -> bool:
     if fault.mode == "status":
         raise InjectedFault(fault.status, f"injected fault: status {fault.status}")
     if fault.mode == "hang":
-        await asyncio.sleep(HANG_LIMIT_S)
-        raise InjectedFault(504, f"injected fault: hung for {HANG_LIMIT_S:g} s")
+        await asyncio.sleep(HANG_LIMIT_SECONDS)
+        raise InjectedFault(504, f"injected fault: hung for {HANG_LIMIT_SECONDS:g} s")
     return True
 
 
@@ -382,7 +383,7 @@ async def serving(
         build_app(settings),
         handler_cancellation=True,
         access_log=None,
-        shutdown_timeout=SHUTDOWN_GRACE_S,
+        shutdown_timeout=SHUTDOWN_GRACE_SECONDS,
     )
     await runner.setup()
     try:

@@ -33,7 +33,7 @@ from router.gateway.wiring import Gateway
 log = logging.getLogger(__name__)
 
 # A crashed background loop is restarted after this pause instead of leaving the gateway blind.
-RESTART_PAUSE_S = 1.0
+RESTART_PAUSE_SECONDS = 1.0
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
@@ -176,7 +176,7 @@ async def _forever(name: str, loop: Callable[[], Awaitable[None]]) -> None:
             return
         except Exception:
             log.exception("background task %s crashed; restarting it", name)
-            await asyncio.sleep(RESTART_PAUSE_S)
+            await asyncio.sleep(RESTART_PAUSE_SECONDS)
 
 
 def _task_ctx(

@@ -185,7 +185,8 @@ class Gateway:
                 self.precise.engines,
                 self.precise.tokenized,
                 upstream=self.upstream,  # the engines' API keys go with every call
-                local=configured(kv.tokenizer),  # raises ConfigError: no start without it
+                # Raises ConfigError: no start without it.
+                local=configured(kv.tokenizer, config.engines.key("kv_events.tokenizer")),
                 holds=self.precise.held_whole,
             )
         # Client connections of this process: the cap and the header deadline (runtime).

@@ -2,13 +2,16 @@
 
 ``Tuning`` holds the timing and the bounds, with two named presets whose defaults carry their
 reason: ``LAN`` for a fleet in one cluster, ``LOCAL`` for replicas on one host (loopback tests,
-benches). ``GossipConfig`` holds the rest and is checked once, when it is built.
+benches), named in ``PRESETS``. ``GossipConfig`` holds the rest and is checked once, when it is
+built. The default port, the secret's variable and its minimum length and the wildcard hosts are
+defined here, once, for the library and its users alike.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -16,6 +19,9 @@ from router import hostport
 from router.core.fields import ConfigError
 
 SECRET_ENV = "KVROUTER_GOSSIP_SECRET"
+# The HMAC-SHA256 key of every envelope: 16 bytes (128 bits) at least, since anyone who captures
+# one MAC can try guesses at the secret offline, as fast as they can hash.
+MIN_SECRET_BYTES = 16
 DEFAULT_PORT = 7946
 # Hosts that bind every interface: nobody dials them, so they are never an advertised address.
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
@@ -199,8 +205,11 @@ class GossipConfig:
             raise ConfigError(
                 f"gossip needs peers to authenticate: set {SECRET_ENV} or configure TLS files"
             )
-        if self.secret is not None and len(self.secret) < 16:
-            raise ConfigError(f"{SECRET_ENV} must be at least 16 bytes, got {len(self.secret)}")
+        if self.secret is not None and len(self.secret) < MIN_SECRET_BYTES:
+            raise ConfigError(
+                f"the gossip secret must be at least {MIN_SECRET_BYTES} bytes, "
+                f"got {len(self.secret)}"
+            )
         t = self.tuning
         if t.probe_timeout >= t.probe_interval:
             raise ConfigError(
@@ -232,10 +241,19 @@ class GossipConfig:
         return self.dns_name, split_hostport(self.bind, "bind")[1]
 
 
-def secret_from_env(env: dict[str, str] | None = None) -> bytes | None:
-    """The shared secret from KVROUTER_GOSSIP_SECRET (None when unset or empty)."""
-    value = (os.environ if env is None else env).get(SECRET_ENV, "")
-    return value.encode() if value else None
+def secret_from_env(env: Mapping[str, str] | None = None, name: str = SECRET_ENV) -> bytes | None:
+    """The shared secret from the variable ``name`` (None when unset or empty); a secret that
+    is too short raises ``ConfigError`` naming the variable."""
+    value = (os.environ if env is None else env).get(name, "")
+    if not value:
+        return None
+    secret = value.encode()
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ConfigError(
+            f"{name}: the gossip secret must be at least {MIN_SECRET_BYTES} bytes, "
+            f"got {len(secret)}"
+        )
+    return secret
 
 
 def split_hostport(value: str, where: str) -> tuple[str, int]:

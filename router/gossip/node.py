@@ -161,10 +161,6 @@ class GossipNode:
         """Counters and gauges right now."""
         return self._state.stats()
 
-    def holds(self, origin: str, seq: int) -> bool:
-        """Whether this node has received delta (origin, seq)."""
-        return self._state.deltas.has(origin, seq)
-
     # -- loops ---------------------------------------------------------------------------------
 
     def _loop(

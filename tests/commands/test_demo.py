@@ -14,7 +14,7 @@ from tests.support import CHECKOUT_KVROUTER, ROOT
 # Small enough to finish quickly on two cores, large enough that every engine and both kinds
 # of traffic see requests on both sides of the reset.
 REQUESTS = 80
-RUN_TIMEOUT_S = 240
+RUN_TIMEOUT_SECONDS = 240
 
 
 @pytest.mark.parametrize(
@@ -37,14 +37,14 @@ def _row(out: str, routing: str) -> list[str]:
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.timeout(RUN_TIMEOUT_SECONDS + 30)
 def test_demo_kv_events_prints_approximate_and_precise() -> None:
     res = subprocess.run(
         [*CHECKOUT_KVROUTER, "demo", "--kv-events", "--requests", str(REQUESTS)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=RUN_TIMEOUT_S,
+        timeout=RUN_TIMEOUT_SECONDS,
     )
     assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
     for routing in ("approximate", "precise"):

@@ -40,7 +40,7 @@ from tests.support import (
 )
 
 # Building and installing the wheel is part of the first test that needs it.
-INSTALL_TIMEOUT_S = 600
+INSTALL_TIMEOUT_SECONDS = 600
 # What a user's `pip install .` never sees: version control, environments, caches, old builds.
 NOT_SOURCE = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"
@@ -94,7 +94,9 @@ class Installed:
 
 def pip(python: str | Path, *args: str | Path, env: dict[str, str] | None = None) -> None:
     cmd = [str(python), "-m", "pip", "--disable-pip-version-check", *map(str, args)]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=INSTALL_TIMEOUT_S)
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, timeout=INSTALL_TIMEOUT_SECONDS
+    )
     assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{res.stdout}\n{res.stderr}"
 
 
@@ -154,7 +156,7 @@ def test_packages_listed_in_pyproject_are_the_package_folders() -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(INSTALL_TIMEOUT_S + 60)
+@pytest.mark.timeout(INSTALL_TIMEOUT_SECONDS + 60)
 def test_wheel_holds_every_module_preset_and_the_generated_code(installed: Installed) -> None:
     with zipfile.ZipFile(installed.wheel) as whl:
         names = set(whl.namelist())
@@ -170,7 +172,7 @@ def test_wheel_holds_every_module_preset_and_the_generated_code(installed: Insta
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(INSTALL_TIMEOUT_S + 60)
+@pytest.mark.timeout(INSTALL_TIMEOUT_SECONDS + 60)
 def test_installed_package_imports_from_the_venv_without_dev_tools(installed: Installed) -> None:
     probe = (
         "import importlib.util, json, sys, router, router.gossip.wire\n"
@@ -187,7 +189,7 @@ def test_installed_package_imports_from_the_venv_without_dev_tools(installed: In
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(INSTALL_TIMEOUT_S + 60)
+@pytest.mark.timeout(INSTALL_TIMEOUT_SECONDS + 60)
 def test_installed_policy_check_finds_every_preset_by_name(installed: Installed) -> None:
     res = installed.run(installed.kvrouter, "policy", "check", DEFAULT)
     assert res.returncode == 0, res.stderr
@@ -198,7 +200,7 @@ def test_installed_policy_check_finds_every_preset_by_name(installed: Installed)
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(INSTALL_TIMEOUT_S + 120)
+@pytest.mark.timeout(INSTALL_TIMEOUT_SECONDS + 120)
 def test_installed_simulate_synthetic_json(installed: Installed) -> None:
     res = installed.run(installed.kvrouter, "simulate", "--synthetic", "--workers", "4", "--json")
     assert res.returncode == 0, res.stderr
@@ -213,7 +215,7 @@ def test_installed_simulate_synthetic_json(installed: Installed) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(INSTALL_TIMEOUT_S + 120)
+@pytest.mark.timeout(INSTALL_TIMEOUT_SECONDS + 120)
 def test_installed_serve_replicas_gossip_with_each_other(
     installed: Installed, tmp_path: Path, procs: list[Proc]
 ) -> None:
@@ -241,7 +243,7 @@ def test_installed_serve_replicas_gossip_with_each_other(
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(INSTALL_TIMEOUT_S + 360)
+@pytest.mark.timeout(INSTALL_TIMEOUT_SECONDS + 360)
 def test_installed_demo_runs_to_the_end(installed: Installed) -> None:
     port = free_port()
     res = installed.run(installed.kvrouter, "demo", "--port", str(port), timeout=300)

@@ -33,10 +33,10 @@ from router.core.kv_events import (
 )
 from router.enginesim.app import serving
 from router.enginesim.kv_publisher import EventSettings
+from router.enginesim.model_files import write_tokenizer
 from router.local_tokenizer import LocalTokenizer
 from tests.enginesim.support import FAST, MODEL, chat, post, prompt
 from tests.support import eventually, free_port
-from tests.tokenizer_files import write_tokenizer
 
 BLOCK = 4
 

@@ -21,8 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.gateway.app import build_app
-from router.gateway.config.settings import Config, EngineSources, Limits, Timeouts
-from router.gateway.config.settings import Health as HealthConfig
+from router.gateway.config.settings import Config, EngineSources, HealthSettings, Limits, Timeouts
 from router.gateway.openai import sse
 from router.gateway.wiring import Gateway
 from tests.fakes import FakeEngine, FakeUpstream
@@ -58,7 +57,7 @@ def config(*urls: str, **changes: Any) -> Config:
     cfg = Config(
         engines=EngineSources(static=urls),
         # Probes run once at start; tests drive health themselves.
-        health=HealthConfig(interval_seconds=3600, eject_after_failures=3),
+        health=HealthSettings(interval_seconds=3600, eject_after_failures=3),
         timeouts=Timeouts(connect_seconds=1, first_byte_seconds=0.3, idle_stream_seconds=0.3),
         limits=Limits(max_body_bytes=4096, max_attempts=3),
     )

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from router.core.load import Load
+from router.gateway.replicas.in_process import Fleet, Replica
 from router.gossip.clock import ManualClock
 from router.gossip.config import LOCAL
 from router.gossip.membership import State
@@ -27,7 +28,6 @@ from router.gossip.transport import (
     TransportError,
 )
 from router.gossip.wire import PROTOCOL_VERSION, pb
-from tests.replica_fleet import Fleet, Replica
 
 
 @pytest.fixture

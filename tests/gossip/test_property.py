@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from router.core.index import BlockIndex, IndexLimits
 from router.core.load import LoadBook
 from router.gateway.replicas.delegate import IndexDelegate, run_origin
+from router.gateway.replicas.in_process import Fleet
 from router.gossip.config import LOCAL
 from router.gossip.transport import Faults
 from router.gossip.wire import pb
-from tests.replica_fleet import Fleet
 
 LIMITS = IndexLimits(engine_capacity_blocks=1 << 16)
 ENGINES = ("e0", "e1", "e2")

@@ -275,7 +275,17 @@ def test_config_dns_name_defaults_to_own_port() -> None:
 
 def test_config_secret_from_env_empty_is_none() -> None:
     assert secret_from_env({"KVROUTER_GOSSIP_SECRET": ""}) is None
-    assert secret_from_env({"KVROUTER_GOSSIP_SECRET": "s3cret"}) == b"s3cret"
+    assert (
+        secret_from_env({"KVROUTER_GOSSIP_SECRET": "s3cret-of-16-bytes"}) == b"s3cret-of-16-bytes"
+    )
+    assert (
+        secret_from_env({"MY_SECRET": "s3cret-of-16-bytes"}, "MY_SECRET") == b"s3cret-of-16-bytes"
+    )
+
+
+def test_config_secret_from_env_too_short_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"^MY_SECRET: .* at least 16 bytes, got 6$"):
+        secret_from_env({"MY_SECRET": "s3cret"}, "MY_SECRET")
 
 
 def test_presets_local_faster_than_lan() -> None:

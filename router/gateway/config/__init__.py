@@ -1,9 +1,11 @@
 """The gateway's configuration: the file, the flags that override it, and what is read at start.
 
-- ``settings``: the config file's model (every field with its default in the docstring), its
-  strict loader and the command-line overrides.
+- ``settings``: the config file's model (every field with its default in the docstring) and its
+  strict loader.
 - ``engines``: the ``engines`` and ``engine_metrics`` sections.
 - ``gossip``: the ``gossip`` section.
+- ``overrides``: the command-line flags, applied over the file's values.
 - ``engine_keys``: the API key each engine is sent, read from the environment once.
 - ``reload``: hot reload of the policy file.
+- ``files``: reading the config and policy files, bounded, with one set of messages.
 """

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from router import hostport
 from router.core.fields import ConfigFields, show
+from router.core.precise import DEFAULT_BRIDGE_SECONDS, DEFAULT_MEDIUM_WEIGHTS
 
 SCHEMES = ("http", "https")
 
@@ -41,7 +42,7 @@ class KvEventEndpoint:
 
 
 @dataclass(frozen=True, slots=True)
-class KvEvents:
+class KvEventsSettings:
     """Engines' KV cache events (router.gateway.precise.kv_events): a port rule and explicit
     endpoints.
 
@@ -56,9 +57,10 @@ class KvEvents:
     endpoints: Mapping[str, KvEventEndpoint] = field(default_factory=dict)
     tokenizer: str = "engine"
     tokenize_timeout_seconds: float = 0.5
-    bridge_seconds: float = 5.0
+    # The core's own defaults (router.core.precise), where their reasons are given.
+    bridge_seconds: float = DEFAULT_BRIDGE_SECONDS
     medium_weights: Mapping[str, float] = field(
-        default_factory=lambda: {"gpu": 1.0, "cpu": 0.5, "disk": 0.25}
+        default_factory=lambda: dict(DEFAULT_MEDIUM_WEIGHTS)
     )
 
     @property
@@ -81,12 +83,19 @@ class EngineSources:
     static: tuple[str, ...] = ()
     dns: DnsEngines | None = None
     models_refresh_seconds: float = 30.0
-    kv_events: KvEvents = field(default_factory=KvEvents)
+    kv_events: KvEventsSettings = field(default_factory=KvEventsSettings)
     # Environment variables holding the API keys engines are sent
-    # (router.gateway.config.engine_keys): this one for every engine without its own, and per static
-    # URL.
+    # (router.gateway.config.engine_keys): this one for every engine without its own, and per
+    # static URL.
     api_key_env: str = ""
     static_key_envs: Mapping[str, str] = field(default_factory=dict)
+    # The key the file gave this section (engines, or the released spelling backends), so that
+    # messages about it name what the user wrote; two spellings of one setup are equal.
+    section: str = field(default="engines", compare=False)
+
+    def key(self, path: str) -> str:
+        """The full key of ``path`` in this section as the file spells it."""
+        return f"{self.section}.{path}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +126,7 @@ class MetricNames:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineMetrics:
+class EngineMetricsSettings:
     """Scraping the engines' own load from their Prometheus /metrics."""
 
     enabled: bool = True
@@ -175,9 +184,10 @@ def zmq_endpoint(text: str) -> str:
     return text
 
 
-def _kv_events(f: ConfigFields | None) -> KvEvents:
+def _kv_events(f: ConfigFields | None) -> KvEventsSettings:
+    d = KvEventsSettings()
     if f is None:
-        return KvEvents()
+        return d
     endpoints: dict[str, KvEventEndpoint] = {}
     e = f.sub("endpoints")
     if e is not None:
@@ -186,7 +196,8 @@ def _kv_events(f: ConfigFields | None) -> KvEvents:
             where = e.at(str(url))
             if sub is None:
                 e.fail(where, "must be {endpoint: tcp://HOST:PORT, replay_endpoint: ...}")
-            ep, replay = sub.text("endpoint", "", required=True), sub.text("replay_endpoint", "")
+            ep = sub.text("endpoint", "", required=True)
+            replay = sub.text("replay_endpoint", KvEventEndpoint(ep).replay_endpoint)
             try:
                 key = engine_url(str(url))
                 zmq_endpoint(ep)
@@ -197,22 +208,25 @@ def _kv_events(f: ConfigFields | None) -> KvEvents:
             sub.done()
             endpoints[key] = KvEventEndpoint(ep, replay)
         e.done()
-    weights: dict[str, float] = {"gpu": 1.0, "cpu": 0.5, "disk": 0.25}
+    weights = dict(d.medium_weights)
     w = f.sub("medium_weights")
     if w is not None:
+        # A medium named without a weight counts fully, like the GPU.
         weights = {str(k).lower(): w.number(str(k), 1.0, 0.0, 1.0) for k in list(w.data)}
         w.done()
-    tokenizer = f.text("tokenizer", "engine")
+    tokenizer = f.text("tokenizer", d.tokenizer)
     if (problem := tokenizer_problem(tokenizer)) is not None:
         f.fail(f.at("tokenizer"), problem)
-    out = KvEvents(
-        port=f.integer("port", 0, 0, 65535),
-        replay_port=f.integer("replay_port", 0, 0, 65535),
-        topic=f.text("topic", ""),
+    out = KvEventsSettings(
+        port=f.integer("port", d.port, 0, 65535),
+        replay_port=f.integer("replay_port", d.replay_port, 0, 65535),
+        topic=f.text("topic", d.topic),
         endpoints=endpoints,
         tokenizer=tokenizer,
-        tokenize_timeout_seconds=f.seconds("tokenize_timeout_seconds", 0.5, 0.001),
-        bridge_seconds=f.seconds("bridge_seconds", 5.0, 0.0),
+        tokenize_timeout_seconds=f.seconds(
+            "tokenize_timeout_seconds", d.tokenize_timeout_seconds, 0.001
+        ),
+        bridge_seconds=f.seconds("bridge_seconds", d.bridge_seconds, 0.0),
         medium_weights=weights,
     )
     f.done()
@@ -220,8 +234,9 @@ def _kv_events(f: ConfigFields | None) -> KvEvents:
 
 
 def engine_sources(f: ConfigFields | None) -> EngineSources:
+    d = EngineSources()
     if f is None:
-        return EngineSources()
+        return d
     static: list[str] = []
     key_envs: dict[str, str] = {}
     for i, entry in enumerate(f.values("static")):
@@ -240,26 +255,28 @@ def engine_sources(f: ConfigFields | None) -> EngineSources:
         if key_env:
             key_envs[static[-1]] = key_env
     dns: DnsEngines | None = None
-    d = f.sub("dns")
-    if d is not None:
-        name = d.text("name", "")
+    sub = f.sub("dns")
+    if sub is not None:
+        dd = DnsEngines(name="")
+        name = sub.text("name", dd.name)
         dns = DnsEngines(
             name=name,
-            port=d.integer("port", 8000, 1, 65535),
-            scheme=d.choice("scheme", "http", SCHEMES),
-            interval_seconds=d.seconds("interval_seconds", 10.0, 0.1),
-            api_key_env=d.text("api_key_env", ""),
+            port=sub.integer("port", dd.port, 1, 65535),
+            scheme=sub.choice("scheme", dd.scheme, SCHEMES),
+            interval_seconds=sub.seconds("interval_seconds", dd.interval_seconds, 0.1),
+            api_key_env=sub.text("api_key_env", dd.api_key_env),
         )
-        d.done()
+        sub.done()
         if not name:
             dns = None  # an empty name (the chart's default) means no DNS discovery
     out = EngineSources(
         tuple(static),
         dns,
-        f.seconds("models_refresh_seconds", 30.0, 0.1),
+        f.seconds("models_refresh_seconds", d.models_refresh_seconds, 0.1),
         _kv_events(f.sub("kv_events")),
-        api_key_env=f.text("api_key_env", ""),
+        api_key_env=f.text("api_key_env", d.api_key_env),
         static_key_envs=key_envs,
+        section=f.path,
     )
     f.done()
     return out
@@ -279,14 +296,15 @@ def _metric_names(f: ConfigFields | None) -> MetricNames:
     return out
 
 
-def engine_metrics(f: ConfigFields | None) -> EngineMetrics:
+def engine_metrics(f: ConfigFields | None) -> EngineMetricsSettings:
+    d = EngineMetricsSettings()
     if f is None:
-        return EngineMetrics()
-    out = EngineMetrics(
-        enabled=f.flag("enabled", True),
-        interval_seconds=f.seconds("interval_seconds", 0.5),
-        timeout_seconds=f.seconds("timeout_seconds", 0.25),
-        stale_after_intervals=f.integer("stale_after_intervals", 4, 1, 1000),
+        return d
+    out = EngineMetricsSettings(
+        enabled=f.flag("enabled", d.enabled),
+        interval_seconds=f.seconds("interval_seconds", d.interval_seconds),
+        timeout_seconds=f.seconds("timeout_seconds", d.timeout_seconds),
+        stale_after_intervals=f.integer("stale_after_intervals", d.stale_after_intervals, 1, 1000),
         names=_metric_names(f.sub("names")),
     )
     f.done()

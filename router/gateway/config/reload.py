@@ -8,24 +8,31 @@ path each time follows the swap. SIGHUP (``request``) reloads at once, even unch
 
 A rejected file is reported once per distinct content (a log line with the file, the field
 and the reason), not on every poll. The watcher reads and parses in a worker thread
-(``asyncio.to_thread``), so a large or hostile file never stalls the requests being served;
-the file's size, aliases and nesting are bounded by the loader (``router.core.fields``), and
-any failure, expected or not, leaves the live policy in place.
+(``asyncio.to_thread``), so a large or hostile file never stalls the requests being served.
+Its size is bounded by the gateway's one reader of its files (``router.gateway.config.files``,
+which the config file goes through too, so both are refused in the same words), its aliases
+and nesting by the loader (``router.core.fields``), and any failure, expected or not, leaves the
+live policy in place.
+
+Polls keep their cadence on the watcher's clock: one every ``interval_seconds``, however many
+requested reloads come in between. The clock (``now``) and the wait (``sleep``) are passed in,
+so tests move time by hand.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from router.core.fields import MAX_YAML_BYTES, show
+from router.core.fields import show
 from router.core.policy import Policy, PolicyError, load_policy_text
+from router.gateway.config.files import read_bytes, text_of
 
 log = logging.getLogger(__name__)
 
@@ -42,21 +49,6 @@ class _Read:
     unchanged: bool = False
 
 
-def parse_policy_bytes(raw: bytes, where: str) -> Policy:
-    """A policy from a file's bytes; raises ``PolicyError`` naming ``where`` and the problem."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise PolicyError(f"{where}: not UTF-8 text: {e}") from None
-    return load_policy_text(text, where)
-
-
-def _read_capped(path: Path) -> bytes:
-    """The file's bytes, up to one past the loader's limit (enough to refuse it)."""
-    with path.open("rb") as f:
-        return f.read(MAX_YAML_BYTES + 1)
-
-
 class PolicyWatcher:
     """Polls one policy file and hands each new valid policy to ``apply``."""
 
@@ -67,12 +59,17 @@ class PolicyWatcher:
         on_result: Callable[[Result], None],
         interval_seconds: float,
         poll: bool = True,
+        *,
+        now: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.path = path
         self._apply = apply
         self._on_result = on_result
         self._interval = interval_seconds
         self._poll = poll
+        self._now = now
+        self._sleep = sleep
         self._live: bytes | None = None  # hash of the content in use
         self._rejected: bytes | str | None = None  # hash (or read error) reported last
         self._wake = asyncio.Event()
@@ -80,11 +77,8 @@ class PolicyWatcher:
 
     def load_initial(self) -> Policy:
         """The policy to start with; raises ``PolicyError`` (a gateway must not start without)."""
-        try:
-            raw = _read_capped(self.path)
-        except OSError as e:
-            raise PolicyError(f"{self.path}: cannot read: {e.strerror or e}") from None
-        policy = parse_policy_bytes(raw, str(self.path))
+        raw = read_bytes(self.path, PolicyError)
+        policy = load_policy_text(text_of(raw, str(self.path), PolicyError), str(self.path))
         self._live = hashlib.sha256(raw).digest()
         return policy
 
@@ -99,14 +93,15 @@ class PolicyWatcher:
     def _read(self, force: bool) -> _Read:
         """Read and parse the file if it changed; touches nothing (runs in a thread)."""
         try:
-            raw = _read_capped(self.path)
-        except OSError as e:
-            return _Read(problem=f"cannot read: {e.strerror or e}")
+            raw = read_bytes(self.path, PolicyError)
+        except PolicyError as e:
+            return _Read(problem=str(e))
         digest = hashlib.sha256(raw).digest()
         if digest in (self._live, self._rejected) and not force:
             return _Read(digest, unchanged=True)
+        where = str(self.path)
         try:
-            return _Read(digest, policy=parse_policy_bytes(raw, str(self.path)))
+            return _Read(digest, policy=load_policy_text(text_of(raw, where, PolicyError), where))
         except PolicyError as e:
             return _Read(digest, problem=str(e))
         except Exception as e:  # a bug, or a limit not thought of: the live policy stays
@@ -144,10 +139,24 @@ class PolicyWatcher:
 
     async def run(self) -> None:
         """Poll (when enabled) and serve reload requests, forever."""
+        due = self._now() + self._interval
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._interval if self._poll else None):
-                    await self._wake.wait()
-            self._wake.clear()
+            await self._pause(max(0.0, due - self._now()) if self._poll else None)
             force, self._forced = self._forced, False
+            if self._now() >= due:
+                due = self._now() + self._interval
             await self.check_off_loop(force)
+
+    async def _pause(self, seconds: float | None) -> None:
+        """Until ``seconds`` have passed (None: no time limit) or a reload is requested."""
+        if seconds is None:
+            await self._wake.wait()
+        else:
+            wake = asyncio.ensure_future(self._wake.wait())
+            timer = asyncio.ensure_future(self._sleep(seconds))
+            try:
+                await asyncio.wait((wake, timer), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                wake.cancel()
+                timer.cancel()
+        self._wake.clear()

@@ -1,21 +1,22 @@
-"""The gateway's config file: its model, strict loading, and command-line overrides.
+"""The gateway's config file: its model and strict loading.
 
-The file's shape is shared with the Helm chart, so its names are a contract::
+The file's shape is shared with the Helm chart, so its names are a contract. Every field, with
+its default (tests/gateway/config/test_settings.py holds this example to the dataclasses)::
 
     listen: {host: 0.0.0.0, port: 8000, metrics_port: 0}   # 0: /metrics on the API port
-    policy: /etc/kvrouter/policy/policy.yaml     # a file, or a preset name
+    policy: kv-aware                             # a preset name, or a policy file
     policy_reload: {enabled: true, interval_seconds: 2}
     engines:                                     # or ``backends``, the released spelling
-      static: [http://vllm-0.vllm:8000]       # or {url: URL, api_key_env: NAME} entries
-      dns: {name: vllm-headless.default.svc.cluster.local, port: 8000, scheme: http,
+      static: []                        # URLs, or {url: URL, api_key_env: NAME} entries
+      dns: {name: "", port: 8000, scheme: http,  # name: a headless Service's DNS name
             interval_seconds: 10, api_key_env: ""}
       models_refresh_seconds: 30
       api_key_env: ""                          # the variable holding the engines' API key
       kv_events: {port: 0, replay_port: 0, topic: "", tokenizer: engine,
                   tokenize_timeout_seconds: 0.5, bridge_seconds: 5,
                   medium_weights: {gpu: 1.0, cpu: 0.5, disk: 0.25},
-                  endpoints: {ENGINE_URL: {endpoint: tcp://HOST:PORT,
-                                           replay_endpoint: tcp://HOST:PORT}}}
+                  # {ENGINE_URL: {endpoint: tcp://HOST:PORT, replay_endpoint: tcp://HOST:PORT}}
+                  endpoints: {}}
     health: {path: /health, interval_seconds: 5, timeout_seconds: 2, eject_after_failures: 3,
              readmit_backoff_seconds: 5, readmit_backoff_max_seconds: 60,
              max_ejected_percent: 50}
@@ -27,13 +28,22 @@ The file's shape is shared with the Helm chart, so its names are a contract::
     auth: {api_keys_file: "", api_keys_env: KVROUTER_API_KEYS}
     forwarding: {client_credentials: false, trust_forwarding_headers: false}
     drain: {grace_seconds: 10}
-    engine_metrics: {enabled: true, interval_seconds: 0.5, timeout_seconds: 0.25,
-                     stale_after_intervals: 4,
-                     names: {running: [...], waiting: [...], kv_usage: [...]}}
+    engine_metrics:
+      enabled: true
+      interval_seconds: 0.5
+      timeout_seconds: 0.25
+      stale_after_intervals: 4
+      names:
+        running: [vllm:num_requests_running, sglang:num_running_reqs,
+                  llamacpp:requests_processing]
+        waiting: [vllm:num_requests_waiting, sglang:num_queue_reqs, llamacpp:requests_deferred]
+        kv_usage: [vllm:kv_cache_usage_perc, vllm:gpu_cache_usage_perc, sglang:token_usage,
+                   llamacpp:kv_cache_usage_ratio]
     flow_control: {enabled: true, max_queue: 1024, max_wait_seconds: 30,
                    max_inflight_per_engine: 0, priority_reserve: 0,
                    tenant_header: x-kvrouter-tenant,
-                   priority_header: x-kvrouter-priority, retry_after_seconds: 1}
+                   priority_header: x-kvrouter-priority, retry_after_seconds: 1,
+                   engine_waiting_threshold: 1, engine_kv_usage_threshold: 0.98}
     gossip: {enabled: false, port: 7946, dns: "", peers: [], secret_env: KVROUTER_GOSSIP_SECRET,
              tls: {cert_file: "", key_file: "", ca_file: ""}, advertise: "", node_id: "",
              preset: lan}
@@ -41,47 +51,43 @@ The file's shape is shared with the Helm chart, so its names are a contract::
 The ``engines`` and ``engine_metrics`` sections live in this package's ``engines``, ``gossip`` in
 its ``gossip``; this module composes them with the rest into ``Config`` and re-exports them.
 
-Every section and field is optional; defaults are the values above, except that there are no
-engines by default. Gossip listens on ``listen.host`` at ``gossip.port``; ``gossip.dns`` is
-NAME:PORT (or NAME, for the gossip port) and each of ``gossip.peers`` is HOST:PORT; an empty
-``advertise`` or ``node_id`` is worked out at start (``router.gateway.replicas.replica``). Loading
-is strict like the policy loader (``router.core.fields``): unknown keys and wrong types are errors
-that name the file and the field path.
+Every section and field is optional. There are no engines by default, and an empty
+``engines.dns.name`` means no DNS discovery. Gossip listens on ``listen.host`` at
+``gossip.port``; ``gossip.dns`` is NAME:PORT (or NAME, for the gossip port) and each of
+``gossip.peers`` is HOST:PORT; an empty ``advertise`` or ``node_id`` is worked out at start
+(``router.gateway.replicas.node_config``). Loading is strict like the policy loader
+(``router.core.fields``): unknown keys and wrong types are errors that name the file and the
+field path. The command-line flags are applied over the file's values by
+``router.gateway.config.overrides``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from router import presets
 from router.core.fields import ConfigError, ConfigFields, parse_yaml, show
 from router.gateway.config.engines import (
     DnsEngines,
-    EngineMetrics,
+    EngineMetricsSettings,
     EngineSources,
     KvEventEndpoint,
-    KvEvents,
+    KvEventsSettings,
     MetricNames,
-    dns_target,
     engine_metrics,
     engine_sources,
     engine_url,
-    tokenizer_problem,
-    zmq_endpoint,
 )
+from router.gateway.config.files import read_text
 from router.gateway.config.gossip import (
     GOSSIP_PRESETS,
-    Gossip,
+    GossipSettings,
     GossipTls,
     gossip,
-    gossip_dns,
-    gossip_overrides,
-    gossip_peer,
 )
-from router.policy_file import read_yaml_file
-from router.presets import DEFAULT as DEFAULT_POLICY
+from router.gateway.openai.request import LARGE_BODY_BYTES, MAX_LARGE_BODY_PARSES
 
 # The sections kept in their own modules are part of this module's model.
 __all__ = [
@@ -90,31 +96,25 @@ __all__ = [
     "Config",
     "ConfigError",
     "DnsEngines",
-    "EngineMetrics",
+    "EngineMetricsSettings",
     "EngineSources",
     "FlowControl",
     "Forwarding",
-    "Gossip",
+    "GossipSettings",
     "GossipTls",
-    "Health",
+    "HealthSettings",
     "KvEventEndpoint",
-    "KvEvents",
+    "KvEventsSettings",
     "Limits",
     "Listen",
     "MetricNames",
     "PolicyReload",
     "Timeouts",
     "check_ready_to_serve",
-    "dns_target",
     "engine_url",
-    "gossip_dns",
-    "gossip_peer",
     "load_config",
     "load_config_text",
     "parse_config",
-    "with_kv_events",
-    "with_overrides",
-    "zmq_endpoint",
 ]
 
 # A server in a pod must listen on every interface to be reachable through its Service.
@@ -140,7 +140,7 @@ class PolicyReload:
 
 
 @dataclass(frozen=True, slots=True)
-class Health:
+class HealthSettings:
     """Active probes, and passive ejection after consecutive failures, readmitted with backoff."""
 
     path: str = "/health"
@@ -181,13 +181,14 @@ class Limits:
     # balancers commonly keep idle connections, so that they close them first.
     keepalive_timeout_seconds: float = 75.0
     # Bodies above this are parsed in a thread, at most max_large_body_parses at once: a
-    # parse costs several times the body's size (router.gateway.openai.request).
-    large_body_bytes: int = 1024 * 1024
-    max_large_body_parses: int = 1
+    # parse costs several times the body's size. The parser's own defaults, with their
+    # reasons (router.gateway.openai.request), which engine-sim parses with too.
+    large_body_bytes: int = LARGE_BODY_BYTES
+    max_large_body_parses: int = MAX_LARGE_BODY_PARSES
 
 
 @dataclass(frozen=True, slots=True)
-class Drain:
+class DrainSettings:
     """Stopping (router.gateway.runtime.drain): requests in flight get this long, then are cut."""
 
     # Below the pod's terminationGracePeriodSeconds, so the cut happens before the SIGKILL.
@@ -249,55 +250,62 @@ class Config:
     """Everything ``kvrouter serve`` is configured with."""
 
     listen: Listen = field(default_factory=Listen)
-    policy: str = DEFAULT_POLICY
+    policy: str = presets.DEFAULT
     policy_reload: PolicyReload = field(default_factory=PolicyReload)
     engines: EngineSources = field(default_factory=EngineSources)
-    health: Health = field(default_factory=Health)
+    health: HealthSettings = field(default_factory=HealthSettings)
     timeouts: Timeouts = field(default_factory=Timeouts)
     limits: Limits = field(default_factory=Limits)
     admin_token_env: str = "KVROUTER_ADMIN_TOKEN"
-    gossip: Gossip = field(default_factory=Gossip)
-    engine_metrics: EngineMetrics = field(default_factory=EngineMetrics)
+    gossip: GossipSettings = field(default_factory=GossipSettings)
+    engine_metrics: EngineMetricsSettings = field(default_factory=EngineMetricsSettings)
     flow_control: FlowControl = field(default_factory=FlowControl)
     auth: Auth = field(default_factory=Auth)
     forwarding: Forwarding = field(default_factory=Forwarding)
-    drain: Drain = field(default_factory=Drain)
+    drain: DrainSettings = field(default_factory=DrainSettings)
 
 
 def _listen(f: ConfigFields | None) -> Listen:
+    d = Listen()
     if f is None:
-        return Listen()
+        return d
     out = Listen(
-        f.text("host", DEFAULT_HOST),
-        f.integer("port", DEFAULT_PORT, 0, 65535),
-        f.integer("metrics_port", 0, 0, 65535),
+        f.text("host", d.host),
+        f.integer("port", d.port, 0, 65535),
+        f.integer("metrics_port", d.metrics_port, 0, 65535),
     )
     f.done()
     return out
 
 
 def _policy_reload(f: ConfigFields | None) -> PolicyReload:
+    d = PolicyReload()
     if f is None:
-        return PolicyReload()
-    out = PolicyReload(f.flag("enabled", True), f.seconds("interval_seconds", 2.0))
+        return d
+    out = PolicyReload(
+        f.flag("enabled", d.enabled), f.seconds("interval_seconds", d.interval_seconds)
+    )
     f.done()
     return out
 
 
-def _health(f: ConfigFields | None) -> Health:
+def _health(f: ConfigFields | None) -> HealthSettings:
+    d = HealthSettings()
     if f is None:
-        return Health()
-    path = f.text("path", "/health")
+        return d
+    path = f.text("path", d.path)
     if not path.startswith("/"):
         f.fail(f.at("path"), f"must start with '/', got {show(path)}")
-    out = Health(
+    out = HealthSettings(
         path=path,
-        interval_seconds=f.seconds("interval_seconds", 5.0),
-        timeout_seconds=f.seconds("timeout_seconds", 2.0),
-        eject_after_failures=f.integer("eject_after_failures", 3, 1, 1000),
-        readmit_backoff_seconds=f.seconds("readmit_backoff_seconds", 5.0),
-        readmit_backoff_max_seconds=f.seconds("readmit_backoff_max_seconds", 60.0),
-        max_ejected_percent=f.integer("max_ejected_percent", 50, 0, 100),
+        interval_seconds=f.seconds("interval_seconds", d.interval_seconds),
+        timeout_seconds=f.seconds("timeout_seconds", d.timeout_seconds),
+        eject_after_failures=f.integer("eject_after_failures", d.eject_after_failures, 1, 1000),
+        readmit_backoff_seconds=f.seconds("readmit_backoff_seconds", d.readmit_backoff_seconds),
+        readmit_backoff_max_seconds=f.seconds(
+            "readmit_backoff_max_seconds", d.readmit_backoff_max_seconds
+        ),
+        max_ejected_percent=f.integer("max_ejected_percent", d.max_ejected_percent, 0, 100),
     )
     if out.readmit_backoff_max_seconds < out.readmit_backoff_seconds:
         f.fail(f.at("readmit_backoff_max_seconds"), "must not be below readmit_backoff_seconds")
@@ -306,73 +314,90 @@ def _health(f: ConfigFields | None) -> Health:
 
 
 def _timeouts(f: ConfigFields | None) -> Timeouts:
+    d = Timeouts()
     if f is None:
-        return Timeouts()
+        return d
     out = Timeouts(
-        connect_seconds=f.seconds("connect_seconds", 5.0),
-        first_byte_seconds=f.seconds("first_byte_seconds", 300.0),
-        idle_stream_seconds=f.seconds("idle_stream_seconds", 120.0),
+        connect_seconds=f.seconds("connect_seconds", d.connect_seconds),
+        first_byte_seconds=f.seconds("first_byte_seconds", d.first_byte_seconds),
+        idle_stream_seconds=f.seconds("idle_stream_seconds", d.idle_stream_seconds),
     )
     f.done()
     return out
 
 
 def _limits(f: ConfigFields | None) -> Limits:
+    d = Limits()
     if f is None:
-        return Limits()
+        return d
     out = Limits(
-        max_body_bytes=f.integer("max_body_bytes", 16 * 1024 * 1024, 1024, 1 << 31),
-        max_attempts=f.integer("max_attempts", 3, 1, 16),
-        retry_budget_percent=f.number("retry_budget_percent", 20.0, 0.0, 100.0),
-        retry_backoff_seconds=f.number("retry_backoff_seconds", 0.025, 0.0, 10.0),
-        max_connections=f.integer("max_connections", 2048, 1, 1_000_000),
-        header_timeout_seconds=f.seconds("header_timeout_seconds", 10.0, 0.1),
-        keepalive_timeout_seconds=f.seconds("keepalive_timeout_seconds", 75.0, 0.1),
-        large_body_bytes=f.integer("large_body_bytes", 1024 * 1024, 0, 1 << 31),
-        max_large_body_parses=f.integer("max_large_body_parses", 1, 1, 64),
+        max_body_bytes=f.integer("max_body_bytes", d.max_body_bytes, 1024, 1 << 31),
+        max_attempts=f.integer("max_attempts", d.max_attempts, 1, 16),
+        retry_budget_percent=f.number("retry_budget_percent", d.retry_budget_percent, 0.0, 100.0),
+        retry_backoff_seconds=f.number("retry_backoff_seconds", d.retry_backoff_seconds, 0.0, 10.0),
+        max_connections=f.integer("max_connections", d.max_connections, 1, 1_000_000),
+        header_timeout_seconds=f.seconds("header_timeout_seconds", d.header_timeout_seconds, 0.1),
+        keepalive_timeout_seconds=f.seconds(
+            "keepalive_timeout_seconds", d.keepalive_timeout_seconds, 0.1
+        ),
+        large_body_bytes=f.integer("large_body_bytes", d.large_body_bytes, 0, 1 << 31),
+        max_large_body_parses=f.integer("max_large_body_parses", d.max_large_body_parses, 1, 64),
     )
     f.done()
     return out
 
 
 def _forwarding(f: ConfigFields | None) -> Forwarding:
+    d = Forwarding()
     if f is None:
-        return Forwarding()
-    out = Forwarding(f.flag("client_credentials", False), f.flag("trust_forwarding_headers", False))
+        return d
+    out = Forwarding(
+        f.flag("client_credentials", d.client_credentials),
+        f.flag("trust_forwarding_headers", d.trust_forwarding_headers),
+    )
     f.done()
     return out
 
 
-def _drain(f: ConfigFields | None) -> Drain:
+def _drain(f: ConfigFields | None) -> DrainSettings:
+    d = DrainSettings()
     if f is None:
-        return Drain()
-    out = Drain(f.seconds("grace_seconds", 10.0, 0.0))
+        return d
+    out = DrainSettings(f.seconds("grace_seconds", d.grace_seconds, 0.0))
     f.done()
     return out
 
 
 def _auth(f: ConfigFields | None) -> Auth:
+    d = Auth()
     if f is None:
-        return Auth()
-    out = Auth(f.text("api_keys_file", ""), f.text("api_keys_env", "KVROUTER_API_KEYS"))
+        return d
+    out = Auth(f.text("api_keys_file", d.api_keys_file), f.text("api_keys_env", d.api_keys_env))
     f.done()
     return out
 
 
 def _flow_control(f: ConfigFields | None) -> FlowControl:
+    d = FlowControl()
     if f is None:
-        return FlowControl()
+        return d
     out = FlowControl(
-        enabled=f.flag("enabled", True),
-        max_queue=f.integer("max_queue", 1024, 0, 1_000_000),
-        max_wait_seconds=f.seconds("max_wait_seconds", 30.0, 0.0),
-        max_inflight_per_engine=f.integer("max_inflight_per_engine", 0, 0, 1_000_000),
-        priority_reserve=f.integer("priority_reserve", 0, 0, 1_000_000),
-        tenant_header=f.text("tenant_header", "x-kvrouter-tenant"),
-        priority_header=f.text("priority_header", "x-kvrouter-priority"),
-        retry_after_seconds=f.integer("retry_after_seconds", 1, 1, 3600),
-        engine_waiting_threshold=f.integer("engine_waiting_threshold", 1, 0, 1_000_000),
-        engine_kv_usage_threshold=f.number("engine_kv_usage_threshold", 0.98, 0.0, 1.0),
+        enabled=f.flag("enabled", d.enabled),
+        max_queue=f.integer("max_queue", d.max_queue, 0, 1_000_000),
+        max_wait_seconds=f.seconds("max_wait_seconds", d.max_wait_seconds, 0.0),
+        max_inflight_per_engine=f.integer(
+            "max_inflight_per_engine", d.max_inflight_per_engine, 0, 1_000_000
+        ),
+        priority_reserve=f.integer("priority_reserve", d.priority_reserve, 0, 1_000_000),
+        tenant_header=f.text("tenant_header", d.tenant_header),
+        priority_header=f.text("priority_header", d.priority_header),
+        retry_after_seconds=f.integer("retry_after_seconds", d.retry_after_seconds, 1, 3600),
+        engine_waiting_threshold=f.integer(
+            "engine_waiting_threshold", d.engine_waiting_threshold, 0, 1_000_000
+        ),
+        engine_kv_usage_threshold=f.number(
+            "engine_kv_usage_threshold", d.engine_kv_usage_threshold, 0.0, 1.0
+        ),
     )
     f.done()
     return out
@@ -385,8 +410,9 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
     f = ConfigFields(data, "", where)
     if isinstance(data, dict) and "engines" in data and "backends" in data:
         f.fail("backends", "give either 'engines' or its older spelling 'backends', not both")
-    policy = f.text("policy", DEFAULT_POLICY) or DEFAULT_POLICY
-    token_env = f.text("admin_token_env", "KVROUTER_ADMIN_TOKEN")
+    d = Config()
+    policy = f.text("policy", d.policy) or d.policy
+    token_env = f.text("admin_token_env", d.admin_token_env)
     cfg = Config(
         listen=_listen(f.sub("listen")),
         policy=policy,
@@ -414,65 +440,7 @@ def load_config_text(text: str, where: str) -> Config:
 
 def load_config(path: str | Path) -> Config:
     """Read and parse a config file."""
-    data, where = read_yaml_file(path, ConfigError)
-    return parse_config(data, where)
-
-
-def with_overrides(
-    cfg: Config,
-    *,
-    engines: list[str] | None = None,
-    engine_dns: str | None = None,
-    engine_api_key_env: str | None = None,
-    policy: str | None = None,
-    host: str | None = None,
-    port: int | None = None,
-    metrics_port: int | None = None,
-    gossip_port: int | None = None,
-    gossip_peers: list[str] | None = None,
-    gossip_dns: str | None = None,
-    gossip_advertise: str | None = None,
-    gossip_node_id: str | None = None,
-    gossip_preset: str | None = None,
-) -> Config:
-    """``cfg`` with command-line flags applied (a flag replaces the file's value)."""
-    b = cfg.engines
-    if engines:
-        urls: list[str] = []
-        for text in engines:
-            try:
-                urls.append(engine_url(text))
-            except ValueError as e:
-                raise ConfigError(f"--engine: {e}") from None
-        b = dataclasses.replace(b, static=tuple(urls))
-    if engine_dns:
-        try:
-            name, dport = dns_target(engine_dns)
-        except ValueError as e:
-            raise ConfigError(f"--engine-dns: {e}") from None
-        old = b.dns or DnsEngines(name)
-        b = dataclasses.replace(b, dns=dataclasses.replace(old, name=name, port=dport))
-    if engine_api_key_env:
-        b = dataclasses.replace(b, api_key_env=engine_api_key_env)
-    listen = cfg.listen
-    if host is not None:
-        listen = dataclasses.replace(listen, host=host)
-    if port is not None:
-        listen = dataclasses.replace(listen, port=port)
-    if metrics_port is not None:
-        listen = dataclasses.replace(listen, metrics_port=metrics_port)
-    gossip = gossip_overrides(
-        cfg.gossip,
-        port=gossip_port,
-        peers=gossip_peers,
-        dns=gossip_dns,
-        advertise=gossip_advertise,
-        node_id=gossip_node_id,
-        preset=gossip_preset,
-    )
-    return dataclasses.replace(
-        cfg, engines=b, listen=listen, policy=policy or cfg.policy, gossip=gossip
-    )
+    return load_config_text(read_text(Path(path), ConfigError), str(path))
 
 
 def check_ready_to_serve(cfg: Config) -> None:
@@ -489,46 +457,6 @@ def check_ready_to_serve(cfg: Config) -> None:
     kv = cfg.engines.kv_events
     if kv.tokenizer != "engine" and not kv.enabled:
         raise ConfigError(
-            "backends.kv_events.tokenizer (--tokenizer): token ids key only engines that "
-            "publish KV events; give --kv-events or --kv-events-port too"
+            f"{cfg.engines.key('kv_events.tokenizer')} (--tokenizer): token ids key only "
+            "engines that publish KV events; give --kv-events or --kv-events-port too"
         )
-
-
-def with_kv_events(
-    cfg: Config,
-    *,
-    endpoints: list[str] | None = None,
-    port: int | None = None,
-    replay_port: int | None = None,
-    tokenizer: str | None = None,
-) -> Config:
-    """``cfg`` with the KV-event flags applied (``--kv-events URL=tcp://H:P[,tcp://H:R]``)."""
-    kv = cfg.engines.kv_events
-    if endpoints:
-        eps = dict(kv.endpoints)
-        for spec in endpoints:
-            url, sep, rest = spec.partition("=")
-            ep, _, replay = rest.partition(",")
-            try:
-                if not sep:
-                    raise ValueError(f"must be ENGINE_URL=tcp://HOST:PORT, got {spec!r}")
-                key = engine_url(url)
-                zmq_endpoint(ep)
-                if replay:
-                    zmq_endpoint(replay)
-            except ValueError as e:
-                raise ConfigError(f"--kv-events: {e}") from None
-            eps[key] = KvEventEndpoint(ep, replay)
-        kv = dataclasses.replace(kv, endpoints=eps)
-    for flag, value in (("--kv-events-port", port), ("--kv-events-replay-port", replay_port)):
-        if value is not None and not 0 < value < 65536:
-            raise ConfigError(f"{flag}: must be from 1 to 65535, got {value}")
-    if port is not None:
-        kv = dataclasses.replace(kv, port=port)
-    if replay_port is not None:
-        kv = dataclasses.replace(kv, replay_port=replay_port)
-    if tokenizer is not None:
-        if (problem := tokenizer_problem(tokenizer)) is not None:
-            raise ConfigError(f"--tokenizer: {problem}")
-        kv = dataclasses.replace(kv, tokenizer=tokenizer)
-    return dataclasses.replace(cfg, engines=dataclasses.replace(cfg.engines, kv_events=kv))

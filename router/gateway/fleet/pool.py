@@ -30,8 +30,7 @@ from typing import Any
 
 import orjson
 
-from router.gateway.config.settings import EngineSources as EngineSources
-from router.gateway.config.settings import Health as HealthConfig
+from router.gateway.config.settings import EngineSources, HealthSettings
 from router.gateway.openai.errors import NoEngine, NotFound, UpstreamError
 from router.gateway.upstream.client import Upstream
 
@@ -60,7 +59,7 @@ class Health:
 class HealthRules:
     """Health transitions: pure functions of a record, an event and the time."""
 
-    def __init__(self, cfg: HealthConfig) -> None:
+    def __init__(self, cfg: HealthSettings) -> None:
         self.cfg = cfg
 
     def success(self, h: Health, now: float, probe: bool) -> bool:
@@ -139,7 +138,7 @@ class EnginePool:
     def __init__(
         self,
         cfg: EngineSources,
-        health: HealthConfig,
+        health: HealthSettings,
         upstream: Upstream,
         on_engines: Callable[[Mapping[str, int]], None],
         clock: Callable[[], float] = time.monotonic,

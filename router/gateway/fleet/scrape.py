@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.core.load import EngineReport
-from router.gateway.config.settings import EngineMetrics, MetricNames
+from router.gateway.config.settings import EngineMetricsSettings, MetricNames
 from router.gateway.openai.errors import UpstreamError
 from router.gateway.upstream.client import Upstream
 
@@ -116,7 +116,7 @@ class EngineMetricsScraper:
 
     def __init__(
         self,
-        cfg: EngineMetrics,
+        cfg: EngineMetricsSettings,
         upstream: Upstream,
         engines: Callable[[], Iterable[str]],
         sink: Sink,

@@ -40,18 +40,18 @@ from router.core.kv_events import (
     split_message,
     split_replay,
 )
-from router.gateway.config.settings import KvEvents as KvEventsConfig
+from router.gateway.config.settings import KvEventsSettings
 
 log = logging.getLogger(__name__)
 
-BACKOFF_S = 0.1
-BACKOFF_MAX_S = 5.0
+BACKOFF_SECONDS = 0.1
+BACKOFF_MAX_SECONDS = 5.0
 POLL_MS = 500
 # Batches applied per wake-up of a subscription before the loop serves others (a batch of a
 # long prompt costs a few ms to decode and key: 16 stay well under a decision's budget of
 # patience, and keep up with an engine publishing 16 batches in one turn of the loop).
 DRAIN_BATCHES = 16
-REPLAY_TIMEOUT_S = 2.0
+REPLAY_TIMEOUT_SECONDS = 2.0
 # Engine hashes remembered per engine (for removals and parent links): about 100 bytes each.
 MAX_HASHES = 1_000_000
 # An engine is blind (Feed.blind) when most of its latest ORPHAN_WINDOW stores, and at least
@@ -62,7 +62,7 @@ CATCH_UP_UNTIL = 1 << 62
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30)
 
 
-def endpoints_for(cfg: KvEventsConfig, engines: list[str]) -> dict[str, tuple[str, str | None]]:
+def endpoints_for(cfg: KvEventsSettings, engines: list[str]) -> dict[str, tuple[str, str | None]]:
     """Per engine URL: its event endpoint and replay endpoint (explicit, else the port rule)."""
     out: dict[str, tuple[str, str | None]] = {}
     for url in engines:
@@ -241,7 +241,7 @@ class Subscriber:
     def __init__(
         self,
         core: RoutingCore,
-        cfg: KvEventsConfig,
+        cfg: KvEventsSettings,
         engines: Callable[[], Mapping[str, bool]],
         metrics: EventMetrics,
         clock: Callable[[], float] = time.monotonic,
@@ -303,7 +303,7 @@ class Subscriber:
         self._ctx.term()
 
     async def _subscribe(self, feed: Feed, endpoint: str, replay: str | None) -> None:
-        backoff = BACKOFF_S
+        backoff = BACKOFF_SECONDS
         topic = self.cfg.topic.encode()
         seen_healthy = down = False  # a flap: healthy, then not, then healthy again
         while True:
@@ -324,14 +324,14 @@ class Subscriber:
                         down = True
                     if not await sock.poll(POLL_MS):
                         continue
-                    backoff = BACKOFF_S
+                    backoff = BACKOFF_SECONDS
                     await self._drain(sock, feed, replay)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("KV events of %s: subscription failed; reconnecting", feed.engine)
                 await asyncio.sleep(backoff)
-                backoff = min(2 * backoff, BACKOFF_MAX_S)
+                backoff = min(2 * backoff, BACKOFF_MAX_SECONDS)
             finally:
                 sock.close(0)
 
@@ -397,7 +397,7 @@ class Subscriber:
         try:
             sock.connect(endpoint)
             await sock.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
-            async with asyncio.timeout(REPLAY_TIMEOUT_S):
+            async with asyncio.timeout(REPLAY_TIMEOUT_SECONDS):
                 while True:
                     item = split_replay(await sock.recv_multipart())
                     if item is None:

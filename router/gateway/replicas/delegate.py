@@ -1,10 +1,11 @@
 """The router's gossip delegate: a ``BlockIndex`` and a ``LoadBook`` behind a gossip node.
 
-The gateway calls ``queue(delta)`` with every delta that ``BlockIndex.confirm`` and
-``BlockIndex.clear`` return; the node takes them each round. Remote deltas go to
-``BlockIndex.apply`` (the index decides how a delta merges), remote load and prefix heat to
-``LoadBook.report``, and a dead or silent peer's load to ``LoadBook.forget``. Local load is read
-from ``LoadBook.local_all`` and ``LoadBook.hottest`` when the node reports it.
+The gateway calls ``queue(delta)`` with every delta its routing core returns
+(``RoutingCore.record``, from ``BlockIndex.confirm``; ``RoutingCore.forget``, from
+``BlockIndex.clear``); the node takes them each round. Remote deltas go to ``BlockIndex.apply``
+(the index decides how a delta merges), remote load and prefix heat to ``LoadBook.report``,
+and a dead or silent peer's load to ``LoadBook.forget``. Local load is read from
+``LoadBook.local_all`` and ``LoadBook.hottest`` when the node reports it.
 
 A restarted replica numbers its deltas from 1 again, so its index must use an origin that is
 new for every process run: build it with ``BlockIndex(limits, origin=run_origin(node_id))``.
@@ -69,7 +70,7 @@ class IndexDelegate:
         return self._index()
 
     def queue(self, delta: Delta) -> None:
-        """Queue a local delta (from record, remove or clear) for the next gossip round."""
+        """Queue a local delta (from confirm or clear) for the next gossip round."""
         if len(self._queue) >= self._max_queue:
             # The node is not draining (stopped, or no event loop time): peers repair the
             # gap from a snapshot later, so the oldest is the one to lose.

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import sys
 import time
@@ -42,16 +41,6 @@ log = logging.getLogger(__name__)
 
 # Connections the kernel queues before the gateway accepts them (aiohttp's TCPSite default).
 LISTEN_BACKLOG = 128
-
-
-def gossip_from(cfg: Config) -> GossipConfig | None:
-    """The gossip node's settings from ``cfg`` and the environment; raises ``ConfigError``."""
-    if not cfg.gossip.enabled:
-        return None
-    # grpc is loaded only when gossip is on
-    from router.gateway.replicas.replica import gossip_config
-
-    return gossip_config(cfg, os.environ)
 
 
 async def serve(

@@ -1,11 +1,12 @@
 """``kvrouter serve --workers N``: N gateway processes on one port, routing as one fleet.
 
 One Python process spends about a millisecond of CPU per proxied request, on one core at most;
-several processes can use several cores. Each worker is a whole gateway (``run_gateway``, as
-``kvrouter serve`` runs it) started with the ``spawn`` method: it listens on the same host:port
-with SO_REUSEPORT (the kernel spreads new connections over the workers) and is a gossip replica
-(``router.gateway.replicas.replica``), so that what one worker routes, and its in-flight load,
-reaches the others:
+several processes can use several cores. Each worker is a whole gateway
+(``router.gateway.runtime.serve.run_gateway``) started with the ``spawn`` method: it listens on
+the same host:port with SO_REUSEPORT (the kernel spreads new connections over the workers) and
+is a gossip replica (``router.gateway.replicas.replica``), so that what one worker routes, and
+its in-flight load, reaches the others. Their gossip configs
+(``router.gateway.replicas.node_config.worker_configs``):
 
 - without gossip configured, the workers form a private fleet on loopback: each listens on a
   free 127.0.0.1 port, seeds with its siblings, runs the ``local`` preset and authenticates
@@ -28,12 +29,10 @@ label (a known limitation: per-pod totals need every worker scraped).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
-import secrets
 import signal
 import sys
 import threading
@@ -44,74 +43,25 @@ from types import FrameType
 
 from router import hostport
 from router.core.fields import ConfigError
-from router.gateway.config.settings import Config, GossipTls
-from router.gateway.replicas.replica import POD_NAME_ENV, WILDCARDS, gossip_config
+from router.gateway.config.settings import Config
+from router.gateway.replicas.node_config import worker_configs
 from router.gateway.runtime.serve import run_gateway, setup_logging
-from router.gossip.config import GossipConfig, split_hostport
+from router.gossip.config import GossipConfig
 
 log = logging.getLogger(__name__)
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # After the first worker exits, the others get their drain's grace and this margin (the cut,
 # the cleanup) before they are killed.
-STOP_MARGIN_S = 5.0
+STOP_MARGIN_SECONDS = 5.0
 # How often the supervisor looks at its workers even when no sentinel woke it.
-POLL_S = 0.5
-
-
-def _node_id(cfg: Config, environ: Mapping[str, str], index: int) -> str:
-    """A configured node id (or pod name) made unique per worker; empty: the default."""
-    base = cfg.gossip.node_id or environ.get(POD_NAME_ENV, "")
-    return f"{base}-w{index}" if base else ""
+POLL_SECONDS = 0.5
 
 
 def worker_gossip(cfg: Config, n: int, environ: Mapping[str, str]) -> list[GossipConfig]:
-    """Each worker's gossip settings; raises ``ConfigError``."""
-    g = cfg.gossip
-    out: list[GossipConfig] = []
-    if not g.enabled:
-        ports = hostport.free_ports(n)
-        env = dict(environ)
-        if not env.get(g.secret_env):
-            env[g.secret_env] = secrets.token_urlsafe(32)
-        for i, port in enumerate(ports):
-            mine = dataclasses.replace(
-                g,
-                enabled=True,
-                port=port,
-                peers=tuple(hostport.join(hostport.LOOPBACK, p) for p in ports if p != port),
-                dns="",
-                tls=GossipTls(),
-                advertise=hostport.join(hostport.LOOPBACK, port),
-                node_id=_node_id(cfg, environ, i),
-                preset="local",
-            )
-            gc = gossip_config(dataclasses.replace(cfg, gossip=mine), env)
-            assert gc is not None
-            out.append(dataclasses.replace(gc, bind=hostport.join(hostport.LOOPBACK, port)))
-        return out
-    if g.port + n - 1 > 65535:
-        raise ConfigError(f"--workers {n}: gossip ports {g.port} to {g.port + n - 1} exceed 65535")
-    host = cfg.listen.host
-    sibling_host = hostport.LOOPBACK if host in WILDCARDS or host == "localhost" else host
-    ports = [g.port + i for i in range(n)]
-    for i, port in enumerate(ports):
-        advertise = ""
-        if g.advertise:
-            ahost, aport = split_hostport(g.advertise, "advertise")
-            advertise = hostport.join(ahost, aport + i)
-        siblings = tuple(hostport.join(sibling_host, p) for p in ports if p != port)
-        mine = dataclasses.replace(
-            g,
-            port=port,
-            peers=g.peers + siblings,
-            advertise=advertise,
-            node_id=_node_id(cfg, environ, i),
-        )
-        gc = gossip_config(dataclasses.replace(cfg, gossip=mine), environ)
-        assert gc is not None
-        out.append(gc)
-    return out
+    """Each worker's gossip config (router.gateway.replicas.node_config.worker_configs), a
+    private fleet on free loopback ports; raises ``ConfigError``."""
+    return worker_configs(cfg, n, environ, hostport.free_ports)
 
 
 def _stop_with_parent() -> None:
@@ -197,7 +147,7 @@ def supervise(cfg: Config, n: int, level: str) -> int:
                             first.exitcode,
                         )
                     forward(signal.SIGTERM, None)
-                    deadline = time.monotonic() + cfg.drain.grace_seconds + STOP_MARGIN_S
+                    deadline = time.monotonic() + cfg.drain.grace_seconds + STOP_MARGIN_SECONDS
             alive = [p for p in procs if p.exitcode is None]
             if not alive:
                 break
@@ -207,7 +157,9 @@ def supervise(cfg: Config, n: int, level: str) -> int:
                     p.kill()
                 deadline = None
             # The sentinels wake us when a worker exits; the poll interval is a backstop.
-            timeout = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            timeout = (
+                POLL_SECONDS if deadline is None else min(POLL_SECONDS, deadline - time.monotonic())
+            )
             multiprocessing.connection.wait([p.sentinel for p in alive], max(0.0, timeout))
         for p in procs:
             p.join()

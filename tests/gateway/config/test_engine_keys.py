@@ -12,7 +12,8 @@ from aiohttp import web
 
 from router.core.fields import ConfigError
 from router.gateway.config.engine_keys import EngineKeys
-from router.gateway.config.settings import load_config_text, with_overrides
+from router.gateway.config.overrides import with_overrides
+from router.gateway.config.settings import load_config_text
 from router.gateway.precise.tokenize import Tokenizer
 from router.gateway.upstream.client import HttpUpstream, UpstreamRequest
 from tests.gateway.precise.test_tokenize import engines, inbound, words

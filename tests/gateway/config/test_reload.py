@@ -1,4 +1,8 @@
-"""Policy hot reload: content-hash polling, ConfigMap symlink swaps, bad files, SIGHUP."""
+"""Policy hot reload: content-hash polling, ConfigMap symlink swaps, bad files, SIGHUP.
+
+The watcher runs on a manual clock: a poll happens when the test moves time past it, and a
+watcher that must not poll is shown to have no timer at all.
+"""
 
 from __future__ import annotations
 
@@ -6,67 +10,108 @@ import asyncio
 import logging
 import os
 import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from router.core.fields import MAX_YAML_BYTES
-from router.core.policy import Policy, PolicyError
+from router.core.policy import Policy, PolicyError, load_policy_text
 from router.gateway.config import reload
 from router.gateway.config.reload import PolicyWatcher, Result
+from router.gossip.clock import ManualClock
 from router.presets import preset_path
 
 GOOD = preset_path("least-load").read_text()
 OTHER = preset_path("round-robin").read_text()
 BAD = "name: broken\nscorers:\n  - type: load\n    weight: lots\n"
+INTERVAL = 2.0
 
 
 class Recorder:
     def __init__(self) -> None:
         self.policies: list[Policy] = []
         self.results: list[Result] = []
+        self._changed = asyncio.Event()
 
     def apply(self, p: Policy) -> None:
         self.policies.append(p)
 
     def result(self, r: Result) -> None:
         self.results.append(r)
+        self._changed.set()
+
+    async def settled(self, n: int) -> list[Result]:
+        """The results once there are ``n`` (a reload parses in a worker thread)."""
+        for _ in range(n):
+            if len(self.results) >= n:
+                break
+            await self._changed.wait()
+            self._changed.clear()
+        return self.results
 
 
-def watcher(path: Path, rec: Recorder, interval: float = 60.0, poll: bool = True) -> PolicyWatcher:
-    return PolicyWatcher(path, rec.apply, rec.result, interval, poll)
+@dataclass
+class Watched:
+    """A policy file holding GOOD, its watcher on a manual clock, the initial policy loaded."""
+
+    file: Path
+    rec: Recorder
+    clock: ManualClock
+    watcher: PolicyWatcher
+    initial: Policy
+    sleeps: list[float]
 
 
-def test_reload_unchanged_content_nothing(tmp_path: Path) -> None:
+def watched(tmp_path: Path, poll: bool = True) -> Watched:
     f = tmp_path / "policy.yaml"
     f.write_text(GOOD)
-    rec = Recorder()
-    w = watcher(f, rec)
-    assert w.load_initial().name == "least-load"
-    f.write_text(GOOD)  # rewritten, same bytes
-    assert w.check() is None
-    assert rec.results == []
+    rec, clock, sleeps = Recorder(), ManualClock(), []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        await clock.sleep(seconds)
+
+    w = PolicyWatcher(f, rec.apply, rec.result, INTERVAL, poll, now=clock.now, sleep=sleep)
+    return Watched(f, rec, clock, w, w.load_initial(), sleeps)
 
 
-def test_reload_changed_content_applies_new_policy(tmp_path: Path) -> None:
-    f = tmp_path / "policy.yaml"
-    f.write_text(GOOD)
-    rec = Recorder()
-    w = watcher(f, rec)
-    w.load_initial()
-    f.write_text(OTHER)
-    assert w.check() == "success"
-    assert [p.name for p in rec.policies] == ["round-robin"]
+@pytest.fixture
+def live(tmp_path: Path) -> Watched:
+    return watched(tmp_path)
+
+
+@pytest.fixture
+async def running(live: Watched) -> AsyncIterator[Watched]:
+    """``live`` with its watcher's loop running."""
+    task = asyncio.create_task(live.watcher.run())
+    await live.clock.advance(0)  # the loop reaches its first wait
+    try:
+        yield live
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def test_reload_unchanged_content_nothing(live: Watched) -> None:
+    assert live.initial.name == "least-load"
+    live.file.write_text(GOOD)  # rewritten, same bytes
+    assert live.watcher.check() is None
+    assert live.rec.results == []
+
+
+def test_reload_changed_content_applies_new_policy(live: Watched) -> None:
+    live.file.write_text(OTHER)
+    assert live.watcher.check() == "success"
+    assert [p.name for p in live.rec.policies] == ["round-robin"]
 
 
 def test_reload_invalid_logged_once_old_policy_stays(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    live: Watched, caplog: pytest.LogCaptureFixture
 ) -> None:
-    f = tmp_path / "policy.yaml"
-    f.write_text(GOOD)
-    rec = Recorder()
-    w = watcher(f, rec)
-    w.load_initial()
+    w, f, rec = live.watcher, live.file, live.rec
     f.write_text(BAD)
     with caplog.at_level(logging.ERROR, logger="router.gateway.config.reload"):
         assert w.check() == "error"
@@ -78,12 +123,8 @@ def test_reload_invalid_logged_once_old_policy_stays(
     assert w.check() == "success"
 
 
-def test_reload_back_to_live_content_after_bad_one_is_quiet(tmp_path: Path) -> None:
-    f = tmp_path / "policy.yaml"
-    f.write_text(GOOD)
-    rec = Recorder()
-    w = watcher(f, rec)
-    w.load_initial()
+def test_reload_back_to_live_content_after_bad_one_is_quiet(live: Watched) -> None:
+    w, f = live.watcher, live.file
     f.write_text(BAD)
     w.check()
     f.write_text(GOOD)  # the live policy again: nothing to swap
@@ -92,33 +133,41 @@ def test_reload_back_to_live_content_after_bad_one_is_quiet(tmp_path: Path) -> N
     assert w.check() == "error"
 
 
-def test_reload_missing_file_error_once(tmp_path: Path) -> None:
-    f = tmp_path / "policy.yaml"
-    f.write_text(GOOD)
-    rec = Recorder()
-    w = watcher(f, rec)
-    w.load_initial()
-    f.unlink()
-    assert w.check() == "error"
-    assert w.check() is None
-    assert rec.results == ["error"]
+def test_reload_missing_file_error_once(live: Watched, caplog: pytest.LogCaptureFixture) -> None:
+    live.file.unlink()
+    with caplog.at_level(logging.ERROR, logger="router.gateway.config.reload"):
+        assert live.watcher.check() == "error"
+        assert live.watcher.check() is None
+    assert live.rec.results == ["error"]
+    assert f"{live.file}: cannot read: No such file or directory" in caplog.text
 
 
-def test_reload_force_reapplies_unchanged(tmp_path: Path) -> None:
-    f = tmp_path / "policy.yaml"
-    f.write_text(GOOD)
-    rec = Recorder()
-    w = watcher(f, rec)
-    w.load_initial()
-    assert w.check(force=True) == "success"
-    assert [p.name for p in rec.policies] == ["least-load"]
+def test_reload_force_reapplies_unchanged(live: Watched) -> None:
+    assert live.watcher.check(force=True) == "success"
+    assert [p.name for p in live.rec.policies] == ["least-load"]
 
 
 def test_initial_invalid_raises_policy_error(tmp_path: Path) -> None:
     f = tmp_path / "policy.yaml"
     f.write_text(BAD)
+    rec = Recorder()
     with pytest.raises(PolicyError, match=r"scorers\[0\]\.weight"):
-        watcher(f, Recorder()).load_initial()
+        PolicyWatcher(f, rec.apply, rec.result, INTERVAL).load_initial()
+
+
+def test_initial_and_reload_refuse_a_file_in_the_same_words(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    f = tmp_path / "policy.yaml"
+    f.write_bytes(b"name: \xff\n")
+    rec = Recorder()
+    w = PolicyWatcher(f, rec.apply, rec.result, INTERVAL)
+    with pytest.raises(PolicyError) as initial:
+        w.load_initial()
+    assert str(initial.value).startswith(f"{f}: not UTF-8 text: ")
+    with caplog.at_level(logging.ERROR, logger="router.gateway.config.reload"):
+        assert w.check() == "error"
+    assert f"the current policy stays: {initial.value}" in caplog.text
 
 
 def configmap(root: Path, content: str, version: int) -> None:
@@ -137,7 +186,7 @@ def configmap(root: Path, content: str, version: int) -> None:
 def test_reload_follows_configmap_data_symlink_swap(tmp_path: Path) -> None:
     configmap(tmp_path, GOOD, 1)
     rec = Recorder()
-    w = watcher(tmp_path / "policy.yaml", rec)
+    w = PolicyWatcher(tmp_path / "policy.yaml", rec.apply, rec.result, INTERVAL)
     assert w.load_initial().name == "least-load"
     configmap(tmp_path, OTHER, 2)
     assert w.check() == "success"
@@ -146,49 +195,38 @@ def test_reload_follows_configmap_data_symlink_swap(tmp_path: Path) -> None:
     assert [p.name for p in rec.policies] == ["round-robin"]
 
 
-async def test_run_polls_and_request_forces(tmp_path: Path) -> None:
-    f = tmp_path / "policy.yaml"
-    f.write_text(GOOD)
-    rec = Recorder()
-    w = watcher(f, rec, interval=0.02)
-    w.load_initial()
-    task = asyncio.create_task(w.run())
-    try:
-        f.write_text(OTHER)
-        for _ in range(200):
-            if rec.results:
-                break
-            await asyncio.sleep(0.01)
-        assert rec.results == ["success"]
-        w.request()
-        for _ in range(200):
-            if len(rec.results) == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert rec.results == ["success", "success"]
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+async def test_run_polls_each_interval_and_request_forces(running: Watched) -> None:
+    r = running
+    r.file.write_text(OTHER)
+    await r.clock.advance(INTERVAL)
+    assert await r.rec.settled(1) == ["success"]
+    r.watcher.request()  # unchanged content, reloaded all the same
+    assert await r.rec.settled(2) == ["success", "success"]
+    assert [p.name for p in r.rec.policies] == ["round-robin", "round-robin"]
+
+
+async def test_run_request_between_polls_keeps_their_cadence(running: Watched) -> None:
+    r = running
+    await r.clock.advance(INTERVAL / 2)
+    r.file.write_text(OTHER)
+    r.watcher.request()
+    assert await r.rec.settled(1) == ["success"]
+    r.file.write_text(GOOD)
+    await r.clock.advance(INTERVAL / 2)  # the poll due at INTERVAL, not INTERVAL after the request
+    assert await r.rec.settled(2) == ["success", "success"]
+    assert [p.name for p in r.rec.policies] == ["round-robin", "least-load"]
 
 
 async def test_run_without_polling_only_request_reloads(tmp_path: Path) -> None:
-    f = tmp_path / "policy.yaml"
-    f.write_text(GOOD)
-    rec = Recorder()
-    w = watcher(f, rec, interval=0.01, poll=False)
-    w.load_initial()
-    task = asyncio.create_task(w.run())
+    live = watched(tmp_path, poll=False)
+    task = asyncio.create_task(live.watcher.run())
     try:
-        f.write_text(OTHER)
-        await asyncio.sleep(0.1)
-        assert rec.results == []
-        w.request()
-        for _ in range(200):
-            if rec.results:
-                break
-            await asyncio.sleep(0.01)
-        assert rec.results == ["success"]
+        live.file.write_text(OTHER)
+        await live.clock.advance(100 * INTERVAL)
+        assert live.sleeps == [] and live.rec.results == []  # no timer: nothing can poll
+        live.watcher.request()
+        assert await live.rec.settled(1) == ["success"]
+        assert live.sleeps == []
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -199,82 +237,53 @@ async def test_run_without_polling_only_request_reloads(tmp_path: Path) -> None:
 
 
 def test_reload_alias_bomb_rejected_old_policy_stays(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    live: Watched, caplog: pytest.LogCaptureFixture
 ) -> None:
-    f = tmp_path / "policy.yaml"
-    f.write_text(GOOD)
-    rec = Recorder()
-    w = watcher(f, rec)
-    w.load_initial()
     bomb = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
         f"{k}: &{k} [{','.join(['*' + p] * 9)}]\n"
         for p, k in zip("abcdefgh", "bcdefghi", strict=True)
     )
-    f.write_text(GOOD + bomb + "description: *i\n")
+    live.file.write_text(GOOD + bomb + "description: *i\n")
     with caplog.at_level(logging.ERROR):
-        assert w.check() == "error"
-    assert rec.policies == [] and rec.results == ["error"]
-    assert f"{f}: line " in caplog.text and "aliases" in caplog.text
+        assert live.watcher.check() == "error"
+    assert live.rec.policies == [] and live.rec.results == ["error"]
+    assert f"{live.file}: line " in caplog.text and "aliases" in caplog.text
 
 
-def test_reload_oversized_file_rejected(tmp_path: Path) -> None:
-    f = tmp_path / "policy.yaml"
-    f.write_text(GOOD)
-    rec = Recorder()
-    w = watcher(f, rec)
-    w.load_initial()
-    f.write_text(OTHER + "#" * MAX_YAML_BYTES)
-    assert w.check() == "error"
-    assert rec.policies == []
+def test_reload_oversized_file_rejected(live: Watched) -> None:
+    live.file.write_text(OTHER + "#" * MAX_YAML_BYTES)
+    assert live.watcher.check() == "error"
+    assert live.rec.policies == []
 
 
 def test_reload_unexpected_error_keeps_policy_reported_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    live: Watched, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    f = tmp_path / "policy.yaml"
-    f.write_text(GOOD)
-    rec = Recorder()
-    w = watcher(f, rec)
-    w.load_initial()
-
-    def broken(raw: bytes, where: str) -> Policy:
+    def broken(text: str, where: str) -> Policy:
         raise RuntimeError("a bug in the loader")
 
-    monkeypatch.setattr(reload, "parse_policy_bytes", broken)
-    f.write_text(OTHER)
+    monkeypatch.setattr(reload, "load_policy_text", broken)
+    live.file.write_text(OTHER)
     with caplog.at_level(logging.ERROR):
-        assert w.check() == "error"
-        assert w.check() is None  # the same content: reported once
-    assert rec.policies == [] and rec.results == ["error"]
+        assert live.watcher.check() == "error"
+        assert live.watcher.check() is None  # the same content: reported once
+    assert live.rec.policies == [] and live.rec.results == ["error"]
     assert "RuntimeError: 'a bug in the loader'" in caplog.text
 
 
 async def test_run_parses_in_a_worker_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    running: Watched, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    f = tmp_path / "policy.yaml"
-    f.write_text(GOOD)
-    rec = Recorder()
-    w = watcher(f, rec, interval=0.02)
-    w.load_initial()
     threads: list[int] = []
-    real = reload.parse_policy_bytes
+    real = load_policy_text
 
-    def spy(raw: bytes, where: str) -> Policy:
+    def spy(text: str, where: str) -> Policy:
         threads.append(threading.get_ident())
-        return real(raw, where)
+        return real(text, where)
 
-    monkeypatch.setattr(reload, "parse_policy_bytes", spy)
-    task = asyncio.create_task(w.run())
-    try:
-        f.write_text(OTHER)
-        for _ in range(500):
-            if rec.results:
-                break
-            await asyncio.sleep(0.01)
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-    assert rec.results == ["success"] and [p.name for p in rec.policies] == ["round-robin"]
+    monkeypatch.setattr(reload, "load_policy_text", spy)
+    running.file.write_text(OTHER)
+    await running.clock.advance(INTERVAL)
+    assert await running.rec.settled(1) == ["success"]
+    assert [p.name for p in running.rec.policies] == ["round-robin"]
     assert threads and threading.get_ident() not in threads  # applied here, parsed there

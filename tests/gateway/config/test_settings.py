@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import textwrap
+import types
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import router.gateway.config.settings
 from router.cli import main
 from router.commands import serve
 from router.core.fields import MAX_YAML_BYTES, ConfigError
+from router.gateway.config.overrides import with_overrides
 from router.gateway.config.settings import (
     Config,
     DnsEngines,
@@ -21,7 +28,6 @@ from router.gateway.config.settings import (
     load_config,
     load_config_text,
     parse_config,
-    with_overrides,
 )
 
 CHART_SHAPE = """
@@ -76,6 +82,60 @@ def test_config_chart_shape_equals_defaults_but_engines() -> None:
         d.limits,
         d.gossip,
     )
+
+
+# Not keys of their own: filled from the {url, api_key_env} entries of engines.static, and the
+# spelling the file gave the section.
+DERIVED = {"engines.static_key_envs", "engines.section"}
+
+
+def documented_example() -> Any:
+    """The YAML example in the settings module's docstring, parsed."""
+    doc = router.gateway.config.settings.__doc__ or ""
+    block = doc.split("::\n", 1)[1].split("\n\n", 1)[0]
+    return yaml.safe_load(textwrap.dedent(block))
+
+
+def field_paths(cls: type, prefix: str = "") -> tuple[set[str], set[str]]:
+    """(leaf fields, sections) of a config dataclass, as dotted paths."""
+    leaves: set[str] = set()
+    sections: set[str] = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        hint = hints[f.name]
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        kind = inner[0] if isinstance(hint, types.UnionType) and len(inner) == 1 else hint
+        if dataclasses.is_dataclass(kind):
+            sections.add(path)
+            sub_leaves, sub_sections = field_paths(typing.cast(type, kind), f"{path}.")
+            leaves |= sub_leaves
+            sections |= sub_sections
+        else:
+            leaves.add(path)
+    return leaves, sections
+
+
+def example_paths(data: Any, sections: set[str], prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if path in sections:
+            assert isinstance(value, dict), f"{path}: a section, written as {value!r}"
+            out |= example_paths(value, sections, f"{path}.")
+        else:
+            out.add(path)
+    return out
+
+
+def test_docstring_example_names_every_field() -> None:
+    leaves, sections = field_paths(Config)
+    written, fields = example_paths(documented_example(), sections), leaves - DERIVED
+    assert (sorted(fields - written), sorted(written - fields)) == ([], []), "(missing, unknown)"
+
+
+def test_docstring_example_gives_every_default() -> None:
+    assert parse_config(documented_example(), "docstring") == Config()
 
 
 def test_config_empty_file_is_defaults() -> None:
@@ -323,6 +383,21 @@ def test_fuzz_config_any_file_config_or_config_error(text: str) -> None:
         assert str(e).startswith("fuzz.yaml: ")
         return
     assert isinstance(got, Config)
+
+
+@pytest.mark.parametrize("key", ["engines", "backends"])
+def test_check_tokenizer_without_events_names_the_section_as_written(key: str) -> None:
+    cfg = load_config_text(f"{key}: {{static: [http://a:1], kv_events: {{tokenizer: /t}}}}", "c")
+    assert cfg.engines.key("kv_events.tokenizer") == f"{key}.kv_events.tokenizer"
+    with pytest.raises(ConfigError, match=rf"^{key}\.kv_events\.tokenizer \(--tokenizer\): "):
+        check_ready_to_serve(cfg)
+
+
+def test_config_engines_and_backends_spellings_are_one_config() -> None:
+    text = "{}: {{static: [http://10.0.0.1:8000]}}\n"
+    assert load_config_text(text.format("engines"), "c") == load_config_text(
+        text.format("backends"), "c"
+    )
 
 
 def test_kv_events_tokenizer_is_engine_or_a_path(tmp_path: Path) -> None:

@@ -7,8 +7,7 @@ from collections.abc import Mapping
 import pytest
 
 from router.core.decision import RoutingCore
-from router.gateway.config.settings import DnsEngines, EngineSources
-from router.gateway.config.settings import Health as HealthConfig
+from router.gateway.config.settings import DnsEngines, EngineSources, HealthSettings
 from router.gateway.fleet.pool import (
     EnginePool,
     Health,
@@ -24,7 +23,7 @@ from router.policy_file import load_policy
 from router.presets import preset_path
 from tests.fakes import FakeEngine, FakeUpstream
 
-CFG = HealthConfig(
+CFG = HealthSettings(
     eject_after_failures=3, readmit_backoff_seconds=5, readmit_backoff_max_seconds=20
 )
 A, B, C = "http://a:1", "http://b:1", "http://c:1"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from router.core.decision import RoutingCore
 from router.core.load import EngineReport
-from router.gateway.config.settings import EngineMetrics, MetricNames, load_config_text
+from router.gateway.config.settings import EngineMetricsSettings, MetricNames, load_config_text
 from router.gateway.fleet.scrape import (
     MAX_REQUESTS,
     EngineMetricsScraper,
@@ -195,7 +195,7 @@ async def test_scraper_reports_reach_the_core_and_failures_are_counted() -> None
     up = FakeUpstream(a, b, FakeEngine("http://c:1", down=True))
     counted: list[str] = []
     scraper = EngineMetricsScraper(
-        EngineMetrics(),
+        EngineMetricsSettings(),
         up,
         lambda: [A, B, "http://c:1", "http://d:1"],
         core.loads.engine_report,
@@ -216,7 +216,7 @@ async def test_scraper_disabled_returns_at_once() -> None:
     up = FakeUpstream(FakeEngine(A, metrics=(200, VLLM)))
     core = RoutingCore(load_policy(preset_path("kv-aware")))
     scraper = EngineMetricsScraper(
-        EngineMetrics(enabled=False), up, lambda: [A], core.loads.engine_report
+        EngineMetricsSettings(enabled=False), up, lambda: [A], core.loads.engine_report
     )
     await scraper.run()
     assert core.loads.reporting_engines() == ()

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from router.gateway.config.settings import EngineMetrics, FlowControl, Timeouts
+from router.gateway.config.settings import EngineMetricsSettings, FlowControl, Timeouts
 from router.gateway.inbound.admission import Admission, priority_of, tenant_of
 from router.gateway.openai.errors import BadRequest
 from tests.fakes import FakeEngine, Script, openai_answer
@@ -218,7 +218,7 @@ async def test_flow_engine_reporting_a_queue_holds_requests_until_it_drains(
     tmp_path: Path,
 ) -> None:
     engine = FakeEngine(A, metrics=vllm_metrics(3))
-    scrape = EngineMetrics(interval_seconds=0.02, timeout_seconds=0.5)
+    scrape = EngineMetricsSettings(interval_seconds=0.02, timeout_seconds=0.5)
     async with rig(tmp_path, engine, engine_metrics=scrape, timeouts=SLOW) as r:
         await until(lambda: _reported_waiting(r, 3), "the engine's queue reported")
         task = asyncio.create_task(r.post(CHAT, chat("held")))

@@ -24,6 +24,7 @@ from tests.gateway.integration import ADMIN, ADMIN_ENV, MODEL
 from tests.support import (
     Proc,
     free_port,
+    free_ports,
     http_json,
     metric,
     readiness,
@@ -86,17 +87,21 @@ def held_by_event(router: Proc, b: dict[str, Any], engine: Proc) -> bool:
 
 
 def engine_hit_ratio(
-    tmp: Path, work: Sequence[tuple[dict[str, Any], int | None]], precise: bool
+    tmp: Path,
+    work: Sequence[tuple[dict[str, Any], int | None]],
+    precise: bool,
+    ports: Sequence[int],
 ) -> float:
+    """The engines' hit ratio over ``work``; engine ``i`` listens on ``ports[i]``."""
     tmp.mkdir()
     with running([]) as procs:
         engines: list[Proc] = []
         events: list[str] = []
-        for _ in range(ENGINES):
+        for port in ports:
             pub, replay = free_port(), free_port()
             args = ["engine-sim", "--fast", "--kv-capacity-tokens", str(CAPACITY_TOKENS)]
             args += ["--kv-events-port", str(pub), "--kv-events-replay-port", str(replay)]
-            engines.append(start_kvrouter(args, tmp))
+            engines.append(start_kvrouter(args, tmp, port=port))
             procs.append(engines[-1])
             events.append(f"tcp://127.0.0.1:{pub},tcp://127.0.0.1:{replay}")
         policy = tmp / "policy.yaml"
@@ -147,6 +152,10 @@ def engine_hit_ratio(
 def test_precise_routing_hits_more_than_approximate_with_bypass_traffic(tmp_path: Path) -> None:
     work = workload(SEED)
     assert sum(1 for _, target in work if target is not None) * 5 == len(work)
-    approximate = engine_hit_ratio(tmp_path / "approximate", work, precise=False)
-    precise = engine_hit_ratio(tmp_path / "precise", work, precise=True)
+    # The same engine URLs both times: the ring places a prefix nobody holds by its engines'
+    # names, so fresh ports would give each run a different placement and the two ratios
+    # would differ by the ports' luck as much as by the events.
+    ports = free_ports(ENGINES)
+    approximate = engine_hit_ratio(tmp_path / "approximate", work, precise=False, ports=ports)
+    precise = engine_hit_ratio(tmp_path / "precise", work, precise=True, ports=ports)
     assert precise > approximate, (precise, approximate)

@@ -17,6 +17,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from router.cli import main
+from router.enginesim.model_files import write_tokenizer
 from tests.gateway.integration import ADMIN, ADMIN_ENV, MODEL
 from tests.support import (
     CHECKOUT_KVROUTER,
@@ -29,7 +30,6 @@ from tests.support import (
     start_kvrouter,
     wait_until,
 )
-from tests.tokenizer_files import write_tokenizer
 
 pytestmark = pytest.mark.integration
 

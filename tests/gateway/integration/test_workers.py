@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from router.cli import build_parser
 from router.commands.serve import config_from_args
 from router.core.fields import ConfigError
-from router.gateway.config.settings import Config, Drain
-from router.gateway.runtime.workers import STOP_MARGIN_S, supervise, worker_gossip
+from router.gateway.config.settings import Config, DrainSettings
+from router.gateway.runtime.workers import STOP_MARGIN_SECONDS, supervise, worker_gossip
 from router.gossip import PRESETS
 from tests.support import Proc, http_json, running, start_kvrouter, wait_until
 
@@ -196,7 +196,7 @@ def test_a_worker_dying_stops_the_others_and_the_parent(
         os.kill(children[0], signal.SIGKILL)
         # The supervisor kills a sibling that has not drained within its grace and a margin,
         # so the parent's exit is bounded by that, not by how quickly the sibling shuts down.
-        bound = Drain().grace_seconds + STOP_MARGIN_S + 15
+        bound = DrainSettings().grace_seconds + STOP_MARGIN_SECONDS + 15
         try:
             wait_until(lambda: not r.alive(), "the parent exits", timeout=bound)
         except AssertionError as e:

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from router.core.decision import RoutingCore
 from router.enginesim.kv_publisher import CacheEvents, EventSettings, Publisher
-from router.gateway.config.settings import KvEventEndpoint, KvEvents
+from router.gateway.config.settings import KvEventEndpoint, KvEventsSettings
 from router.gateway.precise.kv_events import (
     DRAIN_BATCHES,
     ORPHAN_MIN,
@@ -40,7 +40,9 @@ ENGINE = "http://127.0.0.1:9000"
 def subscriber() -> Iterator[Subscriber]:
     core = RoutingCore(load_policy(preset_path("kv-aware")))
     core.set_engines({ENGINE: 1})
-    sub = Subscriber(core, KvEvents(), lambda: {ENGINE: True}, EventMetrics(CollectorRegistry()))
+    sub = Subscriber(
+        core, KvEventsSettings(), lambda: {ENGINE: True}, EventMetrics(CollectorRegistry())
+    )
     try:
         yield sub
     finally:
@@ -173,7 +175,7 @@ async def test_batches_waiting_are_applied_in_one_wake_up() -> None:
 
 
 def test_endpoints_explicit_win_over_the_port_rule() -> None:
-    cfg = KvEvents(
+    cfg = KvEventsSettings(
         port=5557,
         replay_port=5558,
         endpoints={"http://10.0.0.2:8000": KvEventEndpoint("tcp://10.9.9.9:1")},
@@ -184,14 +186,14 @@ def test_endpoints_explicit_win_over_the_port_rule() -> None:
         "http://10.0.0.2:8000": ("tcp://10.9.9.9:1", None),
         "http://[::1]:80": ("tcp://[::1]:5557", "tcp://[::1]:5558"),
     }
-    assert endpoints_for(KvEvents(), ["http://10.0.0.1:8000"]) == {}
+    assert endpoints_for(KvEventsSettings(), ["http://10.0.0.1:8000"]) == {}
 
 
 def test_engines_sharing_an_endpoint_are_not_subscribed(caplog: pytest.LogCaptureFixture) -> None:
     """The port rule on two engines of one host names one publisher twice: its events would
     credit both engines, so neither is subscribed, and the log says why (once)."""
     a, b, c = "http://127.0.0.1:8001", "http://127.0.0.1:8002", "http://10.0.0.3:8000"
-    cfg = KvEvents(port=5557, endpoints={c: KvEventEndpoint("tcp://10.0.0.3:5557")})
+    cfg = KvEventsSettings(port=5557, endpoints={c: KvEventEndpoint("tcp://10.0.0.3:5557")})
     core = RoutingCore(load_policy(preset_path("kv-aware")))
     engines = dict.fromkeys([a, b, c], True)
     sub = Subscriber(core, cfg, lambda: engines, EventMetrics(CollectorRegistry()))

@@ -16,6 +16,7 @@ from aiohttp import web
 from router.core.blocks import CHARS_PER_TOKEN
 from router.enginesim.app import serving
 from router.enginesim.engine import SimSettings
+from router.enginesim.model_files import write_tokenizer
 from router.enginesim.tokens import token_ids
 from router.gateway.openai.request import Inbound, parse
 from router.gateway.precise.tokenize import (
@@ -27,7 +28,6 @@ from router.gateway.precise.tokenize import (
 )
 from router.local_tokenizer import LocalTokenizer
 from tests.support import LOOPBACK, free_port
-from tests.tokenizer_files import write_tokenizer
 
 MODEL = "m"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -19,18 +19,19 @@ from router.core.decision import RoutingCore
 from router.core.fields import ConfigError
 from router.core.load import Load
 from router.core.policy import load_policy_text
+from router.gateway.config.overrides import with_overrides
 from router.gateway.config.settings import (
     Config,
-    Gossip,
+    GossipSettings,
     GossipTls,
     Listen,
     engine_url,
     load_config_text,
-    with_overrides,
 )
 from router.gateway.fleet.pool import url_for
 from router.gateway.metrics import FleetView, Metrics
-from router.gateway.replicas.replica import Replica, gossip_config
+from router.gateway.replicas.node_config import gossip_config
+from router.gateway.replicas.replica import Replica
 from router.gossip import LAN, LOCAL, ManualClock, State
 from router.gossip.transport import InMemoryNetwork
 from router.policy_file import load_policy
@@ -44,7 +45,9 @@ PROMPT = "the quick brown fox jumps over the lazy dog " * 60
 
 
 def cfg(host: str = "127.0.0.1", **gossip: Any) -> Config:
-    return Config(listen=Listen(host, 8000), gossip=Gossip(enabled=True, port=7946, **gossip))
+    return Config(
+        listen=Listen(host, 8000), gossip=GossipSettings(enabled=True, port=7946, **gossip)
+    )
 
 
 def no_name(_name: str) -> list[str]:
@@ -202,12 +205,12 @@ def test_engine_name_same_from_static_url_and_dns(static: str, dns: tuple[str, s
 
 @dataclasses.dataclass
 class Pair:
-    router: RoutingCore
+    core: RoutingCore
     replica: Replica
 
 
 class Replicas:
-    """Routers with their replicas on one in-memory network and one virtual clock."""
+    """Routing cores with their replicas on one in-memory network and one virtual clock."""
 
     def __init__(self) -> None:
         self.clock = ManualClock()
@@ -222,17 +225,17 @@ class Replicas:
         config = GossipConfig(
             node_id=name, bind=address, seeds=seeds, secret=SECRET.encode(), tuning=LOCAL
         )
-        router = RoutingCore(policy or load_policy(preset_path("kv-aware")), run_origin(name))
-        router.set_engines(dict.fromkeys(ENGINES, 1))
+        core = RoutingCore(policy or load_policy(preset_path("kv-aware")), run_origin(name))
+        core.set_engines(dict.fromkeys(ENGINES, 1))
         replica = Replica(
             config,
-            router,
+            core,
             now=self.clock.now,
             transport=self.network.transport(address),
             clock=self.clock,
         )
         await replica.node.start()
-        pair = Pair(router, replica)
+        pair = Pair(core, replica)
         self.started.append(pair)
         return pair
 
@@ -255,16 +258,16 @@ async def replicas() -> AsyncIterator[Replicas]:
 
 def route(p: Pair, prompt: str = PROMPT) -> Any:
     """What an exchange does: decide, acquire, record on the answer, publish the delta."""
-    d = p.router.decide({"model": "m", "prompt": prompt}, ENGINES, now=0.0)
-    delta = p.router.record(p.router.acquire(d, str(d.engine), 0.0), now=0.0)
+    d = p.core.decide({"model": "m", "prompt": prompt}, ENGINES, now=0.0)
+    delta = p.core.record(p.core.acquire(d, str(d.engine), 0.0), now=0.0)
     assert delta is not None
     p.replica.queue(delta)
     return d
 
 
 def overlap(p: Pair, prompt: str = PROMPT) -> dict[str, int]:
-    _, keys = p.router.keys_of({"model": "m", "prompt": prompt})
-    return dict(zip(ENGINES, p.router.index.overlaps(keys, ENGINES), strict=True))
+    _, keys = p.core.keys_of({"model": "m", "prompt": prompt})
+    return dict(zip(ENGINES, p.core.index.overlaps(keys, ENGINES), strict=True))
 
 
 async def test_replica_routed_on_a_routes_same_on_b_load_summed_dead_load_dropped(
@@ -278,13 +281,13 @@ async def test_replica_routed_on_a_routes_same_on_b_load_summed_dead_load_droppe
     first = route(a, prompt)
     assert first.engine is not None
     assert await replicas.settle(lambda: overlap(b, prompt)[first.engine] > 0)
-    again = b.router.decide({"model": "m", "prompt": prompt + " next turn"}, ENGINES, now=0.0)
+    again = b.core.decide({"model": "m", "prompt": prompt + " next turn"}, ENGINES, now=0.0)
     assert again.engine == first.engine and again.overlap_of(first.engine) > 0
     # a still holds the first request's load: b sees it in the fleet-wide figures.
-    assert await replicas.settle(lambda: b.router.loads.total(first.engine).requests == 1)
+    assert await replicas.settle(lambda: b.core.loads.total(first.engine).requests == 1)
     await a.replica.node.stop(leave=False)  # a crash: no goodbye
     assert await replicas.settle(lambda: b.replica.peers()["dead"] == 1)
-    assert b.router.loads.total(first.engine) == Load()
+    assert b.core.loads.total(first.engine) == Load()
     assert overlap(b, prompt)[first.engine] > 0  # the engine still holds the blocks
 
 
@@ -296,7 +299,7 @@ async def test_replica_policy_changes_block_size_remote_deltas_reach_new_index(
     assert await replicas.settle(lambda: b.replica.peers()["alive"] == 1)
     for p in (a, b):
         text = "name: t\nblock_chars: 1024\nscorers: [{type: prefix-overlap, weight: 1}]\n"
-        p.router.set_policy(load_policy_text(text, "t"))
+        p.core.set_policy(load_policy_text(text, "t"))
     d = route(a)
     assert await replicas.settle(lambda: overlap(b)[str(d.engine)] > 0)
 
