@@ -38,7 +38,7 @@ from router.core import decision
 from router.core.blocks import CHARS_PER_TOKEN
 from router.core.decision import RoutingCore
 from router.core.stats import percentile
-from router.policy_file import load_policy
+from router.yaml_files import load_policy
 
 BATCH = 25  # decisions per turn: short enough that a variant never runs alone for long
 POLICY = Path("policies") / "kv-aware.yaml"

@@ -16,8 +16,8 @@ from pathlib import Path
 from router.commands.traces import read_trace
 from router.core.engine_model import EngineSpec
 from router.core.simulator import Fleet, SimResult, simulate
-from router.policy_file import load_policy
 from router.presets import NAMES, preset_path
+from router.yaml_files import load_policy
 
 TRACES = ("conversation_trace.jsonl", "synthetic_trace.jsonl")
 HEADER = "| policy | hit ratio | TTFT p50 | TTFT p99 | imbalance | decision p50 | p99 |"

@@ -7,7 +7,7 @@
 - ``enginesim``: the simulated engine.
 - ``commands`` and ``cli``: the ``kvrouter`` command.
 - ``hostport``: addresses (HOST:PORT syntax, loopback, free ports); ``presets``: the shipped
-  policy files; ``policy_file``: reading a policy file (the core parses only text);
+  policy files; ``yaml_files``: reading policy and config files (the core parses only text);
   ``eventloop``: uvloop where installed; ``local_tokenizer``: a model's own tokenizer and chat
   template, for the gateway's precise mode and engine-sim alike.
 """

@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from router.core.policy import PolicyError
-from router.policy_file import load_policy
 from router.presets import resolve
+from router.yaml_files import load_policy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

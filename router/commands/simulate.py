@@ -20,8 +20,8 @@ from router.core.workload import (
     hotspot,
     synthetic,
 )
-from router.policy_file import load_policy
 from router.presets import DEFAULT, resolve
+from router.yaml_files import load_policy
 
 _SPEC = EngineSpec()
 

@@ -16,7 +16,7 @@ Modules, from the request inwards:
   ``engine_blocks``: one engine's events -> index changes in token-exact keys;
   ``precise``: overlaps of the engines whose events are complete, in the request's units.
 - ``fields``: the strict field-by-field reader behind policy and config loading (text in,
-  values out: the shell reads the files, ``router.policy_file``).
+  values out: the shell reads the files, ``router.yaml_files``).
 - ``policy``: the YAML policy model with strict loading.
 - ``scorers``: one module per scorer type (params, parse, score) and the registry by
   kebab-case name; ``pickers``: the pickers, registered the same way.

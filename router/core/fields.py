@@ -10,7 +10,7 @@ real one: at most ``MAX_YAML_BYTES``, checked before parsing; at most ``MAX_YAML
 aliases (``*name``), which is what refuses an alias bomb (a few hundred bytes whose aliases
 expand to billions of nodes for anything that walks them); nesting at most ``MAX_YAML_DEPTH``
 deep. Error messages quote values through ``show``, which never walks more than a few elements.
-The readers take text, never a path: the shell opens the files (``router.policy_file``).
+The readers take text, never a path: the shell opens the files (``router.yaml_files``).
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def test_policy_values_choice_is_what_the_router_reads(
 
 @pytest.mark.parametrize("preset", POLICY_PRESETS)
 def test_chart_preset_valid_for_the_router_policy_loader(preset: str) -> None:
-    from router.policy_file import load_policy
+    from router.yaml_files import load_policy
 
     policy = load_policy(CHART_DIR / "policies" / f"{preset}.yaml")
     assert policy.name == preset

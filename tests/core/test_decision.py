@@ -10,8 +10,8 @@ from router.core.decision import Lease, RoutingCore
 from router.core.load import EngineReport
 from router.core.policy import load_policy_text
 from router.core.verdict import Decision
-from router.policy_file import load_policy
 from router.presets import preset_path
+from router.yaml_files import load_policy
 
 ENGINES = ["a", "b", "c", "d"]
 

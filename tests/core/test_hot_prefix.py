@@ -13,8 +13,8 @@ from router.core.load import Load
 from router.core.policy import HotPrefix, Policy, PolicyError, load_policy_text
 from router.core.simulator import Fleet, simulate_policy
 from router.core.workload import HotspotSpec, SyntheticSpec, hotspot
-from router.policy_file import load_policy
 from router.presets import preset_path
+from router.yaml_files import load_policy
 
 ENGINES = ["a", "b", "c", "d"]
 DOC = "a long document everyone asks about, sentence after sentence " * 60  # ~3,600 chars

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from router.core.policy import Policy, PolicyError, load_policy_text
 from router.core.scorers import load, session_affinity, ttft_estimate
 from router.core.scorers.registry import SCORER_TYPES
-from router.policy_file import load_policy
 from router.presets import NAMES, preset_path
+from router.yaml_files import load_policy
 from tests.support import ROOT
 
 

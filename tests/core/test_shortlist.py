@@ -9,8 +9,8 @@ import pytest
 from router.core import decision
 from router.core.decision import RoutingCore
 from router.core.load import EngineReport
-from router.policy_file import load_policy
 from router.presets import preset_path
+from router.yaml_files import load_policy
 
 ENGINES = [f"http://e{i}:8000" for i in range(40)]
 

@@ -22,8 +22,8 @@ from router.core.workload import (
     parse_record,
     synthetic,
 )
-from router.policy_file import load_policy
 from router.presets import NAMES, preset_path
+from router.yaml_files import load_policy
 from tests.support import ROOT
 
 SAMPLE = ROOT / "tests" / "data" / "mooncake_conversation_sample.jsonl"

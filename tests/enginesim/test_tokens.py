@@ -19,8 +19,8 @@ from router.enginesim.tokens import (
     text_tokens,
     token_ids,
 )
-from router.policy_file import load_policy
 from router.presets import preset_path
+from router.yaml_files import load_policy
 from tests.enginesim.support import MODEL, chat, completion, prompt, raw
 
 

@@ -7,5 +7,4 @@
 - ``overrides``: the command-line flags, applied over the file's values.
 - ``engine_keys``: the API key each engine is sent, read from the environment once.
 - ``reload``: hot reload of the policy file.
-- ``files``: reading the config and policy files, bounded, with one set of messages.
 """

@@ -9,7 +9,7 @@ path each time follows the swap. SIGHUP (``request``) reloads at once, even unch
 A rejected file is reported once per distinct content (a log line with the file, the field
 and the reason), not on every poll. The watcher reads and parses in a worker thread
 (``asyncio.to_thread``), so a large or hostile file never stalls the requests being served.
-Its size is bounded by the gateway's one reader of its files (``router.gateway.config.files``,
+Its size is bounded by the gateway's one reader of its files (``router.yaml_files``,
 which the config file goes through too, so both are refused in the same words), its aliases
 and nesting by the loader (``router.core.fields``), and any failure, expected or not, leaves the
 live policy in place.
@@ -32,7 +32,7 @@ from typing import Literal
 
 from router.core.fields import show
 from router.core.policy import Policy, PolicyError, load_policy_text
-from router.gateway.config.files import read_bytes, text_of
+from router.yaml_files import read_bytes, text_of
 
 log = logging.getLogger(__name__)
 

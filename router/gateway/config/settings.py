@@ -80,7 +80,6 @@ from router.gateway.config.engines import (
     engine_sources,
     engine_url,
 )
-from router.gateway.config.files import read_text
 from router.gateway.config.gossip import (
     GOSSIP_PRESETS,
     GossipSettings,
@@ -88,6 +87,7 @@ from router.gateway.config.gossip import (
     gossip,
 )
 from router.gateway.openai.request import LARGE_BODY_BYTES, MAX_LARGE_BODY_PARSES
+from router.yaml_files import read_text
 
 # The sections kept in their own modules are part of this module's model.
 __all__ = [

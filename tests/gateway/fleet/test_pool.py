@@ -19,8 +19,8 @@ from router.gateway.fleet.pool import (
 )
 from router.gateway.openai.errors import NoEngine, NotFound
 from router.gossip.clock import ManualClock
-from router.policy_file import load_policy
 from router.presets import preset_path
+from router.yaml_files import load_policy
 from tests.fakes import FakeEngine, FakeUpstream
 
 CFG = HealthSettings(

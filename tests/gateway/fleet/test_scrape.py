@@ -19,8 +19,8 @@ from router.gateway.fleet.scrape import (
     parse_report,
 )
 from router.gossip.clock import ManualClock
-from router.policy_file import load_policy
 from router.presets import preset_path
+from router.yaml_files import load_policy
 from tests.fakes import FakeEngine, FakeUpstream
 from tests.support import Proc, http_json, metric, running, start_kvrouter, wait_until
 

@@ -29,8 +29,8 @@ from router.gateway.precise.kv_events import (
     Subscriber,
     endpoints_for,
 )
-from router.policy_file import load_policy
 from router.presets import preset_path
+from router.yaml_files import load_policy
 from tests.support import free_port
 
 ENGINE = "http://127.0.0.1:9000"

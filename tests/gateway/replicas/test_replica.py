@@ -34,8 +34,8 @@ from router.gateway.replicas.node_config import gossip_config
 from router.gateway.replicas.replica import Replica
 from router.gossip import LAN, LOCAL, ManualClock, State
 from router.gossip.transport import InMemoryNetwork
-from router.policy_file import load_policy
 from router.presets import preset_path
+from router.yaml_files import load_policy
 
 SECRET = "replica-test-secret-0123456789"
 ENV = {"KVROUTER_GOSSIP_SECRET": SECRET}
