@@ -56,83 +56,40 @@ def _type_checking(node: ast.If) -> bool:
     )
 
 
-def top_level_imports(tree: ast.Module, name: str, is_package: bool) -> Iterator[str]:
-    """Modules imported when ``name`` is imported (not under TYPE_CHECKING, not in functions)."""
-    base = name if is_package else name.rpartition(".")[0]
-    stack: list[ast.stmt] = list(tree.body)
+def imports(name: str, *, type_checking: bool = True) -> set[str]:
+    """Router modules ``name`` imports anywhere: at the top and in functions (a cycle through a
+    function-local import is still a cycle), and under TYPE_CHECKING unless told not to."""
+    path = MODULES[name]
+    base = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    stack: list[ast.AST] = [ast.parse(path.read_text(), str(path))]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and not _type_checking(node):
-            stack.extend(node.body + node.orelse)
-        elif isinstance(node, ast.Try):
-            stack.extend(node.body + node.orelse + node.finalbody)
-            for h in node.handlers:
-                stack.extend(h.body)
-        elif isinstance(node, ast.Import):
-            yield from (a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                pkg = base.rsplit(".", node.level - 1)[0] if node.level > 1 else base
-                mod = f"{pkg}.{node.module}" if node.module else pkg
-            else:
-                mod = node.module or ""
-            yield mod
-            for a in node.names:  # ``from package import module``
-                if f"{mod}.{a.name}" in MODULES:
-                    yield f"{mod}.{a.name}"
-
-
-def graph() -> dict[str, set[str]]:
-    g: dict[str, set[str]] = {}
-    for name, path in MODULES.items():
-        tree = ast.parse(path.read_text(), str(path))
-        deps = set()
-        for mod in top_level_imports(tree, name, path.name == "__init__.py"):
-            # Importing a.b.c runs a, a.b and a.b.c.
-            parts = mod.split(".")
-            deps |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
-        g[name] = {d for d in deps if d in MODULES and d != name}
-    return g
-
-
-def run_imports(tree: ast.Module, name: str, is_package: bool) -> Iterator[str]:
-    """Modules ``name`` imports anywhere Python may run it: at the top or in a function, not
-    under TYPE_CHECKING."""
-    base = name if is_package else name.rpartition(".")[0]
-    stack: list[ast.AST] = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.If) and _type_checking(node):
+        if isinstance(node, ast.If) and _type_checking(node) and not type_checking:
             stack.extend(node.orelse)
         elif isinstance(node, ast.Import):
-            yield from (a.name for a in node.names)
+            found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 pkg = base.rsplit(".", node.level - 1)[0] if node.level > 1 else base
                 mod = f"{pkg}.{node.module}" if node.module else pkg
             else:
                 mod = node.module or ""
-            yield mod
-            yield from (f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in MODULES)
+            found.add(mod)
+            found |= {f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in MODULES}
         else:
             stack.extend(ast.iter_child_nodes(node))
+    # Importing a.b.c runs a, a.b and a.b.c.
+    runs = {".".join(m.split(".")[:i]) for m in found for i in range(1, m.count(".") + 2)}
+    return {m for m in runs if m in MODULES and m != name}
 
 
-def run_graph() -> dict[str, set[str]]:
-    """Module -> the router modules it runs, parent packages included."""
-    g: dict[str, set[str]] = {}
-    for name, path in MODULES.items():
-        tree = ast.parse(path.read_text(), str(path))
-        deps = set()
-        for mod in run_imports(tree, name, path.name == "__init__.py"):
-            parts = mod.split(".")
-            deps |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
-        g[name] = {d for d in deps if d in MODULES and d != name}
-    return g
+def _within(mod: str, package: str) -> bool:
+    return mod == package or mod.startswith(package + ".")
 
 
 def test_no_import_cycles() -> None:
-    g = run_graph()
+    g = {name: imports(name, type_checking=False) for name in MODULES}
     state: dict[str, int] = {}  # 1 visiting, 2 done
     cycles: list[list[str]] = []
 
@@ -174,8 +131,8 @@ def test_core_is_pure() -> None:
 
 def test_gossip_knows_nothing_of_the_router() -> None:
     allowed = {"router", "router.hostport", "router.core", "router.core.fields", "router.core.seq"}
-    g = graph()
-    for name, deps in g.items():
+    for name in MODULES:
+        deps = imports(name)
         if name.startswith("router.gossip"):
             outside = {d for d in deps if not d.startswith("router.gossip")} - allowed
             assert not outside, f"{name} imports {sorted(outside)}"
@@ -207,29 +164,6 @@ def test_modules_stay_small(name: str) -> None:
     assert n <= MAX_LINES, f"{MODULES[name].relative_to(ROOT)} has {n} lines: split it by idea"
 
 
-def every_import(name: str) -> set[str]:
-    """Router modules ``name`` imports anywhere: at the top, in functions, under TYPE_CHECKING."""
-    path = MODULES[name]
-    base = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                pkg = base.rsplit(".", node.level - 1)[0] if node.level > 1 else base
-                mod = f"{pkg}.{node.module}" if node.module else pkg
-            else:
-                mod = node.module or ""
-            found.add(mod)
-            found |= {f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in MODULES}
-    return {m for m in found if m in MODULES and m != name}
-
-
-def _within(mod: str, package: str) -> bool:
-    return mod == package or mod.startswith(package + ".")
-
-
 GATEWAY = "router.gateway"
 # (importer, what it may import of the gateway, or None for "anything but the listed").
 LAYERS: list[tuple[str, set[str]]] = [
@@ -252,7 +186,7 @@ def test_package_imports_only_its_layers(importer: str, allowed: set[str]) -> No
     for name in MODULES:
         if not _within(name, importer):
             continue
-        gateway_deps = {d for d in every_import(name) if _within(d, GATEWAY) and d != GATEWAY}
+        gateway_deps = {d for d in imports(name) if _within(d, GATEWAY) and d != GATEWAY}
         wrong = {d for d in gateway_deps if not any(_within(d, a) for a in allowed)}
         assert not wrong, f"{name} imports {sorted(wrong)}: outside its layer"
 
@@ -261,7 +195,7 @@ def test_package_imports_only_its_layers(importer: str, allowed: set[str]) -> No
 def test_package_never_imports(importer: str, banned: set[str]) -> None:
     for name in MODULES:
         if _within(name, importer):
-            wrong = {d for d in every_import(name) if any(_within(d, b) for b in banned)}
+            wrong = {d for d in imports(name) if any(_within(d, b) for b in banned)}
             assert not wrong, f"{name} imports {sorted(wrong)}"
 
 
@@ -270,7 +204,7 @@ def test_only_the_runtime_imports_the_app() -> None:
     for name in MODULES:
         if _within(name, runtime) or name == f"{GATEWAY}.app":
             continue
-        assert f"{GATEWAY}.app" not in every_import(name), f"{name} imports the app"
+        assert f"{GATEWAY}.app" not in imports(name), f"{name} imports the app"
 
 
 # --- maps and references ----------------------------------------------------------------------
@@ -409,4 +343,4 @@ def test_only_the_runtime_the_app_and_the_exchange_import_the_wiring() -> None:
     for name in MODULES:
         if _within(name, f"{GATEWAY}.runtime") or name in allowed or name == wiring:
             continue
-        assert wiring not in every_import(name), f"{name} imports the wiring"
+        assert wiring not in imports(name), f"{name} imports the wiring"
