@@ -30,7 +30,7 @@ from typing import Any
 
 from router.core.admission import AdmissionQueue, Waiter
 from router.core.decision import RoutingCore
-from router.gateway.config.settings import FlowControl
+from router.gateway.config.serving import FlowControl
 from router.gateway.metrics import Metrics
 from router.gateway.openai.errors import BadRequest, TooBusy
 

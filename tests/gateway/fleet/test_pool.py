@@ -7,7 +7,8 @@ from collections.abc import Mapping
 import pytest
 
 from router.core.decision import RoutingCore
-from router.gateway.config.settings import DnsEngines, EngineSources, HealthSettings
+from router.gateway.config.engines import DnsEngines, EngineSources
+from router.gateway.config.settings import HealthSettings
 from router.gateway.fleet.pool import (
     EnginePool,
     Health,

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from router.core.decision import RoutingCore
 from router.core.load import EngineReport
-from router.gateway.config.settings import EngineMetricsSettings, MetricNames, load_config_text
+from router.gateway.config.engines import EngineMetricsSettings, MetricNames
+from router.gateway.config.settings import load_config_text
 from router.gateway.fleet.scrape import (
     MAX_REQUESTS,
     EngineMetricsScraper,

@@ -10,7 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from router.gateway.config.settings import EngineMetricsSettings, FlowControl, Timeouts
+from router.gateway.config.engines import EngineMetricsSettings
+from router.gateway.config.serving import FlowControl, Timeouts
 from router.gateway.inbound.admission import Admission, priority_of, tenant_of
 from router.gateway.openai.errors import BadRequest
 from tests.fakes import FakeEngine, Script, openai_answer
