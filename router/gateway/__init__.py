@@ -38,6 +38,7 @@ Import rules (tests/test_architecture.py): ``openai`` imports nothing else of th
 Words used throughout: an *engine* is one inference server (``backend`` survives only in
 released contracts: ``--backend``, ``backends:``, ``/debug/backends``); a *route* is the URL
 path a client called; a *lease* is one attempt's hold on an engine's load and predicted blocks;
-a *delta* is a change to the block index, published to replicas; a *report* is load an engine
-states of itself; *admission* is the queue a request waits in while the fleet is full.
+a *delta* is a change to the block index, published to replicas; a *report* (an engine report)
+is load an engine states of itself, a *peer report* the in-flight load another replica gossips;
+*admission* is the queue a request waits in while the fleet is full.
 """

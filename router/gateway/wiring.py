@@ -242,7 +242,7 @@ class Gateway:
     def _engine_reports(self) -> Iterable[tuple[str, EngineReport]]:
         now = self.clock()
         for url in self.pool.engines:
-            report = self.core.loads.reported(url, now)
+            report = self.core.loads.engine_reported(url, now)
             if report is not None:
                 yield url, report
 

@@ -113,7 +113,7 @@ class Admission:
     def _reported_full(self, engine: str) -> bool:
         """The engine's own fresh report says it is full (see FlowControl's thresholds)."""
         now = self._clock()
-        r = self._core.loads.reported(engine, now)
+        r = self._core.loads.engine_reported(engine, now)
         if r is None:
             return False
         w, kv = self.rules.engine_waiting_threshold, self.rules.engine_kv_usage_threshold

@@ -231,7 +231,7 @@ async def test_flow_engine_reporting_a_queue_holds_requests_until_it_drains(
 
 
 async def _reported_waiting(r: Rig, n: int) -> bool:
-    report = r.gw.core.loads.reported(A, r.gw.clock())
+    report = r.gw.core.loads.engine_reported(A, r.gw.clock())
     return report is not None and report.waiting == n
 
 
