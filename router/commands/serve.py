@@ -22,11 +22,11 @@ import os
 import sys
 
 from router.core.fields import ConfigError
+from router.gateway.config.gossip import GOSSIP_PRESETS
 from router.gateway.config.overrides import with_kv_events, with_overrides
 from router.gateway.config.settings import (
     DEFAULT_HOST,
     DEFAULT_PORT,
-    GOSSIP_PRESETS,
     Config,
     check_ready_to_serve,
     load_config,

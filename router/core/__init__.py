@@ -11,7 +11,8 @@ Modules, from the request inwards:
 - ``predictions``: which index entries are provisional (an attempt awaiting its first byte).
 - ``ring``: consistent hashing with bounded loads, for prefixes nobody holds yet, and the
   bounded-load cap that filters candidates.
-- ``load``: in-flight requests and prompt tokens per engine, local and reported by peers.
+- ``load``: in-flight requests and prompt tokens per engine: local, in peer reports, and in the
+  engines' own reports.
 - ``kv_events``: engines' KV cache events, the vLLM/SGLang wire format decoded into values;
   ``engine_blocks``: one engine's events -> index changes in token-exact keys;
   ``precise``: overlaps of the engines whose events are complete, in the request's units.

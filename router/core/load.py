@@ -2,16 +2,18 @@
 engines themselves report.
 
 The bounded-load cap and the load scorers must see the whole fleet's load, not one replica's
-share of it, so peers' figures (per origin, replaced wholesale by each report) are summed with
-the local counters. A peer that dies takes its figures with it.
+share of it, so peers' figures (per origin, replaced wholesale by each peer report,
+``peer_report``) are summed with the local counters. A peer that dies takes its figures with it
+(``forget_peer``).
 
 An engine's own report (``EngineReport``: requests running and waiting, KV cache in use, read
-from its /metrics) also sees work no router replica sent or knows of. It is blended with the
-router's figures so that its age neither double-counts nor forgets what was just sent: the
-engine's requests at the report's time T, minus this replica's requests that were in flight
-at T and have finished since, plus this replica's requests sent after T still in flight; never
-less than the router's own figure. A report older than ``stale_after`` seconds is ignored:
-the router's own figures stand alone, as they do for an engine that never reported.
+from its /metrics, given to ``engine_report``) also sees work no router replica sent or knows
+of. It is blended with the router's figures so that its age neither double-counts nor forgets
+what was just sent: the engine's requests at the report's time T, minus this replica's requests
+that were in flight at T and have finished since, plus this replica's requests sent after T
+still in flight; never less than the router's own figure. A report older than ``stale_after``
+seconds is ignored: the router's own figures stand alone, as they do for an engine that never
+reported.
 
 An engine's batch has a limit no metric names (vLLM's ``max_num_seqs``, or what its KV cache
 fits): a report with requests waiting shows it, as the requests then running. The book learns
@@ -76,14 +78,14 @@ class _Reported:
 
 
 class LoadBook:
-    """Local in-flight counters per engine and the latest report from each peer."""
+    """Local in-flight counters per engine, each peer's latest report and each engine's own."""
 
     def __init__(self, stale_after: float = DEFAULT_STALE_AFTER_SECONDS) -> None:
         self.stale_after = stale_after
         self._requests: dict[str, int] = {}
         self._tokens: dict[str, int] = {}
         self._remote: dict[str, Mapping[str, Load]] = {}
-        # Sums of all peers' reports per engine, rebuilt when a report arrives, so that
+        # Sums of all peers' reports per engine, rebuilt when a peer report arrives, so that
         # reading a load on the routing path costs two dict lookups.
         self._remote_requests: dict[str, int] = {}
         self._remote_tokens: dict[str, int] = {}
@@ -221,8 +223,8 @@ class LoadBook:
         self._blend.pop(engine, None)
         self._slots.pop(engine, None)
 
-    def reported(self, engine: str, now: float) -> EngineReport | None:
-        """``engine``'s last report if it is fresh at ``now``, else None."""
+    def engine_reported(self, engine: str, now: float) -> EngineReport | None:
+        """``engine``'s own last report (``engine_report``) if fresh at ``now``, else None."""
         r = self._fresh(engine, now)
         return None if r is None else r.report
 
@@ -285,7 +287,7 @@ class LoadBook:
         """This replica's ``n`` hottest prefixes and their heat, for its peers."""
         return dict(heapq.nlargest(n, self._heat.items(), key=itemgetter(1)))
 
-    def report(
+    def peer_report(
         self, origin: str, loads: Mapping[str, Load], heat: Mapping[int, int] | None = None
     ) -> None:
         """Replace peer ``origin``'s figures (and its hottest prefixes) with its latest report."""
@@ -293,7 +295,7 @@ class LoadBook:
         self._remote_heat[origin] = {k: n for k, n in (heat or {}).items() if n > 0}
         self._resum()
 
-    def forget(self, origin: str) -> None:
+    def forget_peer(self, origin: str) -> None:
         """Drop a peer's figures (it died or left)."""
         if self._remote.pop(origin, None) is not None:
             self._remote_heat.pop(origin, None)

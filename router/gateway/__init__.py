@@ -40,6 +40,7 @@ released contracts: ``--backend``, ``backends:``, ``/debug/backends``, ``/ready`
 ``healthy_backends``, the ``kvrouter_backend_*`` metrics and their ``backend`` label, and the
 ``no_backend_available`` error code); a *route* is the URL
 path a client called; a *lease* is one attempt's hold on an engine's load and predicted blocks;
-a *delta* is a change to the block index, published to replicas; a *report* is load an engine
-states of itself; *admission* is the queue a request waits in while the fleet is full.
+a *delta* is a change to the block index, published to replicas; a *report* (an engine report)
+is load an engine states of itself, a *peer report* the in-flight load another replica gossips;
+*admission* is the queue a request waits in while the fleet is full.
 """

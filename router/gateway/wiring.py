@@ -31,7 +31,8 @@ from router.core.precise import PreciseSettings, TokenPrompt
 from router.core.retry_budget import BudgetRules, RetryBudget
 from router.gateway.config.engine_keys import EngineKeys
 from router.gateway.config.reload import PolicyWatcher, Result
-from router.gateway.config.settings import Config, Forwarding, Limits, Timeouts
+from router.gateway.config.serving import Forwarding, Limits, Timeouts
+from router.gateway.config.settings import Config
 from router.gateway.fleet.pool import EnginePool, Resolver, resolve_dns
 from router.gateway.fleet.scrape import EngineMetricsScraper
 from router.gateway.inbound.admission import Admission
@@ -241,7 +242,7 @@ class Gateway:
     def _engine_reports(self) -> Iterable[tuple[str, EngineReport]]:
         now = self.clock()
         for url in self.pool.engines:
-            report = self.core.loads.reported(url, now)
+            report = self.core.loads.engine_reported(url, now)
             if report is not None:
                 yield url, report
 

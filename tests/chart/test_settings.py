@@ -83,7 +83,8 @@ def test_router_settings_scenario_values_are_what_the_router_loads(scenario: str
 
 def test_router_settings_defaults_are_the_router_defaults() -> None:
     """Installing the chart changes nothing the router would do on its own (but the drain)."""
-    from router.gateway.config.settings import FlowControl, Forwarding, Limits, load_config_text
+    from router.gateway.config.serving import FlowControl, Forwarding, Limits
+    from router.gateway.config.settings import load_config_text
 
     router = merged_values({})["router"]
     limits, flow, forwarding = Limits(), FlowControl(), Forwarding()

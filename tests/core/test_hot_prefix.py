@@ -80,10 +80,10 @@ def test_hot_prefix_heat_of_peer_replicas_counts() -> None:
     first, made, _ = ask(r, 0, 0.0)  # made the prefix: nobody held it, no heat
     again, lease, _ = ask(r, 1, 1.0)  # one request in flight behind it, here
     assert again == first and lease.prefix is not None
-    r.loads.report("peer", {first: Load(2, 0)}, {lease.prefix: 2})  # 1 + 2: above 2 per holder
+    r.loads.peer_report("peer", {first: Load(2, 0)}, {lease.prefix: 2})  # 1 + 2: above 2 per holder
     hot = r.decide({"model": "m", "prompt": DOC + " question 2?"}, ENGINES, 2.0)
     assert hot.engine != first and hot.explain()["spread_blocks"] > 0
-    r.loads.forget("peer")
+    r.loads.forget_peer("peer")
     assert r.decide({"model": "m", "prompt": DOC + " question 3?"}, ENGINES, 3.0).engine == first
     r.release(made)
     r.release(lease)

@@ -103,7 +103,7 @@ def test_loadbook_never_below_own_in_flight() -> None:
 
 def test_loadbook_report_with_peer_load_never_below_fleet_figure() -> None:
     book = LoadBook()
-    book.report("peer", {E: Load(5, 50)})
+    book.peer_report("peer", {E: Load(5, 50)})
     book.engine_report(E, EngineReport(running=2), at=1.0)
     assert book.requests([E], now=1.0) == [5]
 
@@ -127,16 +127,16 @@ def test_loadbook_heat_local_and_peers_summed_and_never_negative() -> None:
     for _ in range(3):
         book.acquire("e", 10, prefix=42)
     book.acquire("e", 10)  # behind no prefix
-    book.report("peer", {"e": Load(2, 0)}, {42: 2, 7: 1})
+    book.peer_report("peer", {"e": Load(2, 0)}, {42: 2, 7: 1})
     assert (book.heat(42), book.heat(7)) == (5, 1)
     assert book.hottest(1) == {42: 3}  # what this replica reports: its own share only
     for _ in range(5):  # more releases than acquires: the count stops at zero
         book.release("e", 10, prefix=42)
     book.release("e", 10)
     assert book.heat(42) == 2 and book.hottest(8) == {}
-    book.report("peer", {}, {7: 4})  # a newer report replaces the peer's prefixes
+    book.peer_report("peer", {}, {7: 4})  # a newer report replaces the peer's prefixes
     assert (book.heat(42), book.heat(7)) == (0, 4)
-    book.forget("peer")
+    book.forget_peer("peer")
     assert book.heat(7) == 0
 
 
@@ -145,7 +145,7 @@ def test_loadbook_stale_report_falls_back() -> None:
     book.engine_report(E, EngineReport(running=1, waiting=40, kv_usage=0.9), at=1.0)
     assert book.requests([E], now=3.0) == [41]
     assert book.requests([E], now=3.01) == [0]
-    assert book.reported(E, 3.01) is None
+    assert book.engine_reported(E, 3.01) is None
     assert book.signals([E], now=3.01) == ([0], [0.0])
 
 

@@ -21,7 +21,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.gateway.app import build_app
-from router.gateway.config.settings import Config, EngineSources, HealthSettings, Limits, Timeouts
+from router.gateway.config.engines import EngineSources
+from router.gateway.config.serving import Limits, Timeouts
+from router.gateway.config.settings import Config, HealthSettings
 from router.gateway.openai import sse
 from router.gateway.wiring import Gateway
 from tests.fakes import FakeEngine, FakeUpstream

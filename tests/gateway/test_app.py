@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.gateway.config.settings import DnsEngines, EngineSources
+from router.gateway.config.engines import DnsEngines, EngineSources
 from tests.fakes import FakeEngine
 from tests.gateway.rig import CHAT, TOKEN, A, B, chat, rig
 from tests.support import metric_in

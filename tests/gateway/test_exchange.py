@@ -19,7 +19,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from router.gateway.app import build_app
-from router.gateway.config.settings import Forwarding, Timeouts
+from router.gateway.config.serving import Forwarding, Timeouts
 from router.gateway.openai import sse
 from router.gateway.wiring import Gateway
 from tests.fakes import SSE, FakeEngine, Script, openai_answer

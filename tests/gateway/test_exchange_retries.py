@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from router.core.retry_budget import BudgetRules
-from router.gateway.config.settings import Limits
+from router.gateway.config.serving import Limits
 from tests.fakes import FakeEngine, Script, error_answer
 from tests.gateway.rig import CHAT, A, B, C, chat, rig
 

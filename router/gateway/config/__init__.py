@@ -1,7 +1,9 @@
 """The gateway's configuration: the file, the flags that override it, and what is read at start.
 
 - ``settings``: the config file's model (every field with its default in the docstring) and its
-  strict loader.
+  strict loader; the ``listen``, ``policy_reload`` and ``health`` sections.
+- ``serving``: the sections that say how a request is served: ``timeouts``, ``limits``, ``auth``,
+  ``forwarding``, ``drain`` and ``flow_control``.
 - ``engines``: the ``engines`` and ``engine_metrics`` sections.
 - ``gossip``: the ``gossip`` section.
 - ``overrides``: the command-line flags, applied over the file's values.

@@ -30,7 +30,8 @@ from typing import Any
 
 import orjson
 
-from router.gateway.config.settings import EngineSources, HealthSettings
+from router.gateway.config.engines import EngineSources
+from router.gateway.config.settings import HealthSettings
 from router.gateway.openai.errors import NoEngine, NotFound, UpstreamError
 from router.gateway.upstream.client import Upstream
 

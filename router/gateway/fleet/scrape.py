@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.core.load import EngineReport
-from router.gateway.config.settings import EngineMetricsSettings, MetricNames
+from router.gateway.config.engines import EngineMetricsSettings, MetricNames
 from router.gateway.openai.errors import UpstreamError
 from router.gateway.upstream.client import Upstream
 

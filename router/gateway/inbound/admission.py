@@ -30,7 +30,7 @@ from typing import Any
 
 from router.core.admission import AdmissionQueue, Waiter
 from router.core.decision import RoutingCore
-from router.gateway.config.settings import FlowControl
+from router.gateway.config.serving import FlowControl
 from router.gateway.metrics import Metrics
 from router.gateway.openai.errors import BadRequest, TooBusy
 
@@ -113,7 +113,7 @@ class Admission:
     def _reported_full(self, engine: str) -> bool:
         """The engine's own fresh report says it is full (see FlowControl's thresholds)."""
         now = self._clock()
-        r = self._core.loads.reported(engine, now)
+        r = self._core.loads.engine_reported(engine, now)
         if r is None:
             return False
         w, kv = self.rules.engine_waiting_threshold, self.rules.engine_kv_usage_threshold

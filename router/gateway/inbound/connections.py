@@ -33,7 +33,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_exceptions import HttpProcessingError
 
-from router.gateway.config.settings import Limits
+from router.gateway.config.serving import Limits
 from router.gateway.openai.errors import (
     BadRequest,
     GatewayError,

@@ -40,7 +40,7 @@ from router.core.kv_events import (
     split_message,
     split_replay,
 )
-from router.gateway.config.settings import KvEventsSettings
+from router.gateway.config.engines import KvEventsSettings
 
 log = logging.getLogger(__name__)
 

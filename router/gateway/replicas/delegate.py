@@ -3,8 +3,8 @@
 The gateway calls ``queue(delta)`` with every delta its routing core returns
 (``RoutingCore.record``, from ``BlockIndex.confirm``; ``RoutingCore.forget``, from
 ``BlockIndex.clear``); the node takes them each round. Remote deltas go to ``BlockIndex.apply``
-(the index decides how a delta merges), remote load and prefix heat to ``LoadBook.report``,
-and a dead or silent peer's load to ``LoadBook.forget``. Local load is read from
+(the index decides how a delta merges), remote load and prefix heat to ``LoadBook.peer_report``,
+and a dead or silent peer's load to ``LoadBook.forget_peer``. Local load is read from
 ``LoadBook.local_all`` and ``LoadBook.hottest`` when the node reports it.
 
 A restarted replica numbers its deltas from 1 again, so its index must use an origin that is
@@ -130,10 +130,10 @@ class IndexDelegate:
         """Replace ``origin``'s figures in the load book."""
         loads = {e.engine: Load(e.requests, e.tokens) for e in engines}
         heat = {h.prefix: h.requests for h in prefixes[:HOT_PREFIXES]}
-        self.loads.report(origin, loads, heat)
+        self.loads.peer_report(origin, loads, heat)
 
     def forget_load(self, origin: str) -> None:
-        self.loads.forget(origin)
+        self.loads.forget_peer(origin)
 
     def export_blocks(self, chunk_bytes: int) -> Iterator[list[pb.EngineBlocks]]:
         """Every engine's keys, least recent first, split into chunks of ~``chunk_bytes``."""

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from router import hostport
 from router.core.fields import ConfigError
-from router.gateway.config.settings import DEFAULT_HOST, Config, GossipTls
+from router.gateway.config.gossip import GossipTls
+from router.gateway.config.settings import DEFAULT_HOST, Config
 from router.gossip.config import (
     MIN_SECRET_BYTES,
     PRESETS,

@@ -7,9 +7,10 @@ replica decides on the merged index and on the whole fleet's load:
 - the deltas this replica records (an exchange's ``Services.publish`` is ``Replica.queue``)
   are queued for the next gossip round;
 - remote deltas go to ``BlockIndex.apply`` with the gateway's own clock (TTL ages);
-- peers' load reports go to ``LoadBook.report``, which the decision sums with the local
-  counters; a peer declared dead (or silent past the load TTL) is ``LoadBook.forget``-ten,
-  while the blocks it recorded stay in the index: the engines still hold them.
+- peers' load reports go to ``LoadBook.peer_report``, which the decision sums with the local
+  counters; a peer declared dead (or silent past the load TTL) leaves through
+  ``LoadBook.forget_peer``, while the blocks it recorded stay in the index: the engines still
+  hold them.
 
 Engines are named by their base URL as configured, normalised by
 ``router.gateway.config.engines.engine_url`` (the same code on every replica), so a delta names

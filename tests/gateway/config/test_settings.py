@@ -19,12 +19,11 @@ import router.gateway.config.settings
 from router.cli import main
 from router.commands import serve
 from router.core.fields import MAX_YAML_BYTES, ConfigError
+from router.gateway.config.engines import DnsEngines, engine_url
 from router.gateway.config.overrides import with_overrides
 from router.gateway.config.settings import (
     Config,
-    DnsEngines,
     check_ready_to_serve,
-    engine_url,
     load_config,
     load_config_text,
     parse_config,

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 import pytest
 
 from router.core.decision import RoutingCore
-from router.gateway.config.settings import DnsEngines, EngineSources, HealthSettings
+from router.gateway.config.engines import DnsEngines, EngineSources
+from router.gateway.config.settings import HealthSettings
 from router.gateway.fleet.pool import (
     EnginePool,
     Health,
@@ -165,14 +166,14 @@ async def test_pool_nothing_healthy_503_not_404() -> None:
 async def test_pool_ejected_not_candidate_index_kept_readmitted_after_backoff() -> None:
     a, b = FakeEngine(A), FakeEngine(B)
     pool, up, _, clock = pool_of(a, b)
-    router = RoutingCore(load_policy(preset_path("kv-aware")))
-    router.set_engines({A: 1, B: 1})
+    core = RoutingCore(load_policy(preset_path("kv-aware")))
+    core.set_engines({A: 1, B: 1})
     await pool.probe_all()
-    router.index.confirm(A, [1, 2, 3], clock())
+    core.index.confirm(A, [1, 2, 3], clock())
     for _ in range(3):
         pool.report_failure(A, "connect refused")
     assert pool.candidates("m") == (B,)
-    assert router.index.blocks(A) == 3  # kept while ejected
+    assert core.index.blocks(A) == 3  # kept while ejected
     await pool.probe_all()  # healthy again, but the backoff has not passed
     assert pool.candidates("m") == (B,)
     await clock.advance(CFG.readmit_backoff_seconds)

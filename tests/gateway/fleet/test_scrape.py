@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from router.core.decision import RoutingCore
 from router.core.load import EngineReport
-from router.gateway.config.settings import EngineMetricsSettings, MetricNames, load_config_text
+from router.gateway.config.engines import EngineMetricsSettings, MetricNames
+from router.gateway.config.settings import load_config_text
 from router.gateway.fleet.scrape import (
     MAX_REQUESTS,
     EngineMetricsScraper,
@@ -204,8 +205,8 @@ async def test_scraper_reports_reach_the_core_and_failures_are_counted() -> None
     )
     await scraper.scrape_all()
     assert sorted(counted) == ["error", "error", "ok", "parse_error"]
-    assert core.loads.reported(A, 10.1) == EngineReport(12, 3, 0.61)
-    assert core.loads.reported(B, 10.1) is None
+    assert core.loads.engine_reported(A, 10.1) == EngineReport(12, 3, 0.61)
+    assert core.loads.engine_reported(B, 10.1) is None
     assert core.loads.requests([A, B], now=10.1) == [15, 0]
     b.metrics = (503, b"")
     await scraper.scrape(B)

@@ -10,7 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from router.gateway.config.settings import EngineMetricsSettings, FlowControl, Timeouts
+from router.gateway.config.engines import EngineMetricsSettings
+from router.gateway.config.serving import FlowControl, Timeouts
 from router.gateway.inbound.admission import Admission, priority_of, tenant_of
 from router.gateway.openai.errors import BadRequest
 from tests.fakes import FakeEngine, Script, openai_answer
@@ -230,7 +231,7 @@ async def test_flow_engine_reporting_a_queue_holds_requests_until_it_drains(
 
 
 async def _reported_waiting(r: Rig, n: int) -> bool:
-    report = r.gw.core.loads.reported(A, r.gw.clock())
+    report = r.gw.core.loads.engine_reported(A, r.gw.clock())
     return report is not None and report.waiting == n
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from router.core.fields import ConfigError
-from router.gateway.config.settings import Auth
+from router.gateway.config.serving import Auth
 from router.gateway.inbound.auth import load_keys, parse_keys
 from tests.gateway.rig import CHAT, chat, rig
 

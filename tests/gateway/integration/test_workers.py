@@ -21,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from router.cli import build_parser
 from router.commands.serve import config_from_args
 from router.core.fields import ConfigError
-from router.gateway.config.settings import Config, DrainSettings
+from router.gateway.config.serving import DrainSettings
+from router.gateway.config.settings import Config
 from router.gateway.runtime.workers import STOP_MARGIN_SECONDS, supervise, worker_gossip
 from router.gossip import PRESETS
 from tests.support import Proc, http_json, running, start_kvrouter, wait_until

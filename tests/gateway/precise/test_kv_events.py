@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from router.core.decision import RoutingCore
 from router.enginesim.kv_publisher import CacheEvents, EventSettings, Publisher
-from router.gateway.config.settings import KvEventEndpoint, KvEventsSettings
+from router.gateway.config.engines import KvEventEndpoint, KvEventsSettings
 from router.gateway.precise.kv_events import (
     DRAIN_BATCHES,
     ORPHAN_MIN,

@@ -19,15 +19,10 @@ from router.core.decision import RoutingCore
 from router.core.fields import ConfigError
 from router.core.load import Load
 from router.core.policy import load_policy_text
+from router.gateway.config.engines import engine_url
+from router.gateway.config.gossip import GossipSettings, GossipTls
 from router.gateway.config.overrides import with_overrides
-from router.gateway.config.settings import (
-    Config,
-    GossipSettings,
-    GossipTls,
-    Listen,
-    engine_url,
-    load_config_text,
-)
+from router.gateway.config.settings import Config, Listen, load_config_text
 from router.gateway.fleet.pool import url_for
 from router.gateway.metrics import FleetView, Metrics
 from router.gateway.replicas.node_config import gossip_config
