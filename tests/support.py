@@ -1,9 +1,10 @@
 """What every test shares: real kvrouter processes, waits, metrics.
 
 Integration tests start ``kvrouter`` subcommands as real processes on 127.0.0.1 with
-``start_kvrouter``, built on the package's fleet module (router.commands.fleet, whose ``Proc``,
-``free_port``, ``running``, ``http_json`` and ``metric`` are re-exported here); the returned
-handle stops the process (SIGTERM, then SIGKILL) when the test ends, whatever happened in it.
+``start_kvrouter``, built on the package's fleet module (router.commands.fleet, whose
+``Proc``, ``running``, ``http_json`` and ``metric`` are re-exported here, with
+router.hostport's ``free_port``); the returned handle stops the process (SIGTERM, then
+SIGKILL) when the test ends, whatever happened in it.
 ``wait_until`` polls a condition, failing the test when it never holds; ``eventually`` is the
 one way an async test waits for something to become true.
 """
@@ -25,14 +26,14 @@ import aiohttp
 
 from router.commands import fleet
 from router.commands.fleet import KVROUTER, start_ready, wait_ready
+
+# The fleet's own and the address module's, for every test to take from here.
 from router.commands.fleet import Proc as Proc
 from router.commands.fleet import http_json as http_json
 from router.commands.fleet import metric as metric
 from router.commands.fleet import metric_in as metric_in
 from router.commands.fleet import metrics_text as metrics_text
 from router.commands.fleet import running as running
-
-# The fleet's own, for every test to take from here.
 from router.hostport import LOOPBACK as LOOPBACK
 from router.hostport import free_port as free_port
 from router.hostport import free_ports as free_ports
@@ -74,7 +75,7 @@ def start_kvrouter(
     ``base_env`` (default: this process's environment); its log is a file in ``tmp_path``.
     """
     port = port or free_port()
-    with _log_in_failure(tmp_path / f"kvrouter-{args[0]}-{port}.log"):
+    with _log_in_failure(fleet.log_file(tmp_path, args[0], port)):
         return start_ready(
             args,
             tmp_path,

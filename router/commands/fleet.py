@@ -94,12 +94,18 @@ def start(
     """
     port = port or free_port()
     what = args[0] if args else Path(command[-1]).name
-    log_path = log / f"kvrouter-{what}-{port}.log" if log.is_dir() else log
+    log_path = log_file(log, what, port)
     full_env = {**(os.environ if base_env is None else base_env), **(env or {})}
     cmd = [*command, *args, *(["--host", host] if host else []), "--port", str(port)]
     with log_path.open("ab") as out:
         popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=cwd)
     return Proc(popen, port, log_path, name or f"{what}:{port}")
+
+
+def log_file(log: Path, what: str, port: int) -> Path:
+    """Where ``start`` writes the output of ``what`` on ``port``: ``log`` itself, or a file of
+    its own when ``log`` is a folder."""
+    return log / f"kvrouter-{what}-{port}.log" if log.is_dir() else log
 
 
 def start_ready(

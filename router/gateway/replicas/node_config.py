@@ -81,17 +81,16 @@ def gossip_config(
     )
 
 
-def worker_configs(
-    cfg: Config, n: int, environ: Mapping[str, str], free_ports: Callable[[int], list[int]]
-) -> list[GossipConfig]:
-    """Each of ``n`` workers' gossip config; ``free_ports(n)`` gives a private fleet's ports.
+def worker_configs(cfg: Config, n: int, environ: Mapping[str, str]) -> list[GossipConfig]:
+    """Each of ``n`` workers' gossip config: with gossip off, a private fleet on free loopback
+    ports; with it on, ``n`` consecutive ports from the configured one, siblings as peers.
 
     Raises ``ConfigError``.
     """
     g = cfg.gossip
     out: list[GossipConfig] = []
     if not g.enabled:
-        ports = free_ports(n)
+        ports = hostport.free_ports(n)
         env = dict(environ)
         if not env.get(g.secret_env):
             env[g.secret_env] = secrets.token_urlsafe(32)

@@ -37,11 +37,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
-from router import hostport
 from router.core.fields import ConfigError
 from router.gateway.config.settings import Config
 from router.gateway.replicas.node_config import worker_configs
@@ -56,12 +54,6 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 STOP_MARGIN_SECONDS = 5.0
 # How often the supervisor looks at its workers even when no sentinel woke it.
 POLL_SECONDS = 0.5
-
-
-def worker_gossip(cfg: Config, n: int, environ: Mapping[str, str]) -> list[GossipConfig]:
-    """Each worker's gossip config (router.gateway.replicas.node_config.worker_configs), a
-    private fleet on free loopback ports; raises ``ConfigError``."""
-    return worker_configs(cfg, n, environ, hostport.free_ports)
 
 
 def _stop_with_parent() -> None:
@@ -99,7 +91,7 @@ def supervise(cfg: Config, n: int, level: str) -> int:
         raise ConfigError(f"--workers: must be at least 1, got {n}")
     if cfg.listen.port == 0:
         raise ConfigError("--workers: several workers need a fixed --port (not 0) to share")
-    gossips = worker_gossip(cfg, n, os.environ)
+    gossips = worker_configs(cfg, n, os.environ)
     ctx = multiprocessing.get_context("spawn")
     procs = [
         ctx.Process(target=_worker, args=(i, cfg, gossips[i], level), name=f"kvrouter-worker-{i}")

@@ -23,7 +23,8 @@ from router.commands.serve import config_from_args
 from router.core.fields import ConfigError
 from router.gateway.config.serving import DrainSettings
 from router.gateway.config.settings import Config
-from router.gateway.runtime.workers import STOP_MARGIN_SECONDS, supervise, worker_gossip
+from router.gateway.replicas.node_config import worker_configs
+from router.gateway.runtime.workers import STOP_MARGIN_SECONDS, supervise
 from router.gossip import PRESETS
 from tests.support import Proc, http_json, running, start_kvrouter, wait_until
 
@@ -220,7 +221,7 @@ def config(*flags: str) -> Config:
 
 def test_private_fleet_on_loopback_with_a_fresh_secret_per_run() -> None:
     cfg = config("--port", "8000")
-    one, two = worker_gossip(cfg, 2, {}), worker_gossip(cfg, 2, {})
+    one, two = worker_configs(cfg, 2, {}), worker_configs(cfg, 2, {})
     assert len(one) == 2
     for g in one:
         assert g.bind.startswith("127.0.0.1:") and g.advertise == g.bind
@@ -230,7 +231,7 @@ def test_private_fleet_on_loopback_with_a_fresh_secret_per_run() -> None:
     assert one[0].node_id != one[1].node_id
     assert one[0].secret == one[1].secret != two[0].secret
     # The user's secret, when set, is the one used.
-    mine = worker_gossip(cfg, 2, {"KVROUTER_GOSSIP_SECRET": SECRET})
+    mine = worker_configs(cfg, 2, {"KVROUTER_GOSSIP_SECRET": SECRET})
     assert {g.secret for g in mine} == {SECRET.encode()}
 
 
@@ -238,13 +239,13 @@ def test_external_fleet_worker_i_gossips_on_port_plus_i_and_seeds_with_its_sibli
     cfg = config(
         "--gossip-port", "7946", "--gossip-peer", "10.0.0.9:7946", "--gossip-node-id", "pod-a"
     )
-    got = worker_gossip(cfg, 3, {"KVROUTER_GOSSIP_SECRET": SECRET})
+    got = worker_configs(cfg, 3, {"KVROUTER_GOSSIP_SECRET": SECRET})
     assert [g.bind for g in got] == ["127.0.0.1:7946", "127.0.0.1:7947", "127.0.0.1:7948"]
     assert [g.node_id for g in got] == ["pod-a-w0", "pod-a-w1", "pod-a-w2"]
     assert got[1].seeds == ("10.0.0.9:7946", "127.0.0.1:7946", "127.0.0.1:7948")
     assert all(g.secret == SECRET.encode() and g.tuning == PRESETS["lan"] for g in got)
     with pytest.raises(ConfigError):
-        worker_gossip(cfg, 3, {})  # an external fleet needs the user's secret or TLS
+        worker_configs(cfg, 3, {})  # an external fleet needs the user's secret or TLS
 
 
 def test_workers_need_a_fixed_port_and_a_positive_count() -> None:
