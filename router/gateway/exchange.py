@@ -77,6 +77,7 @@ def decide(
     """The core's decision for ``inbound`` among the engines serving its model (a query)."""
     core = s.core
     session = core.session_of(headers, inbound.body)
+    # Asked again after admission on purpose: the wait may have changed who is healthy.
     cands = s.pool.candidates(inbound.model)
     return core.decide(inbound.text, cands, s.clock(), session, tokenized=tokenized)
 

@@ -8,7 +8,6 @@ upstream response was released or aborted.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator
@@ -27,7 +26,7 @@ from router.gateway.config.settings import Config, HealthSettings
 from router.gateway.openai import sse
 from router.gateway.wiring import Gateway
 from tests.fakes import FakeEngine, FakeUpstream
-from tests.support import metric_in
+from tests.support import eventually, metric_in
 
 A, B, C = "http://engine-a:8000", "http://engine-b:8000", "http://engine-c:8000"
 CHAT = "/v1/chat/completions"
@@ -86,17 +85,23 @@ async def assert_all_released(rig: Rig) -> None:
     """Load, leases and claims back to zero, and every upstream response closed one way or
     another."""
     core = rig.gw.core
-    for _ in range(200):  # a cancelled handler finishes its cleanup on the next loop turns
-        if not core.loads.local_all() and not core.outstanding and not rig.up.unfinished():
-            break
-        await asyncio.sleep(0.005)
-    assert core.loads.local_all() == {}
-    assert core.outstanding == 0 and not core.predictions
-    assert rig.up.unfinished() == []
+
+    def released() -> None:
+        assert core.loads.local_all() == {}
+        assert core.outstanding == 0 and not core.predictions
+        assert rig.up.unfinished() == []
+
+    # A cancelled handler finishes its cleanup on the next loop turns.
+    await eventually(released, timeout=1.0, interval=0.005)
     text = await (await rig.client.get("/metrics")).text()
     for fam in text_string_to_metric_families(text):
         if fam.name.startswith("kvrouter_backend_inflight"):
             assert all(s.value == 0 for s in fam.samples), fam
+
+
+async def ready_now(client: TestClient[Any, Any]) -> bool:
+    """True once the gateway's /ready answers 200."""
+    return (await client.get("/ready")).status == 200
 
 
 @asynccontextmanager
@@ -120,10 +125,7 @@ async def rig(
     r = Rig(client, gw, up)
     try:
         if ready:
-            for _ in range(200):
-                if (await client.get("/ready")).status == 200:
-                    break
-                await asyncio.sleep(0.01)
+            await eventually(lambda: ready_now(client), timeout=5.0, interval=0.01)
         yield r
         await assert_all_released(r)
     finally:

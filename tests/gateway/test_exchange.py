@@ -23,8 +23,20 @@ from router.gateway.config.serving import Forwarding, Timeouts
 from router.gateway.openai import sse
 from router.gateway.wiring import Gateway
 from tests.fakes import SSE, FakeEngine, Script, openai_answer
-from tests.gateway.rig import CHAT, EVENT, POLICY, A, B, C, assert_all_released, chat, config, rig
-from tests.support import metric_in
+from tests.gateway.rig import (
+    CHAT,
+    EVENT,
+    POLICY,
+    A,
+    B,
+    C,
+    assert_all_released,
+    chat,
+    config,
+    ready_now,
+    rig,
+)
+from tests.support import eventually, metric_in
 
 # -- relaying ------------------------------------------------------------------------------
 
@@ -179,10 +191,7 @@ async def test_exchange_real_upstream_events_that_come_together_relayed_at_once_
     client = TestClient(TestServer(build_app(gw)))
     await client.start_server()
     try:
-        for _ in range(200):
-            if (await client.get("/ready")).status == 200:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: ready_now(client), timeout=5.0, interval=0.01)
         async with client.post(CHAT, json=chat(stream=True)) as resp:
             assert resp.status == 200
             got = b""
@@ -282,10 +291,7 @@ async def test_exchange_client_disconnect_mid_stream_aborts_engine_request(tmp_p
         await resp.content.readany()
         assert r.gw.core.loads.local_all() != {}
         resp.close()  # the client goes away mid-stream
-        for _ in range(200):
-            if r.up.responses[0].aborted:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: r.up.responses[0].aborted, timeout=2.0, interval=0.01)
         assert r.up.responses[0].aborted
         await assert_all_released(r)
         assert await r.metric("kvrouter_requests_total", route=CHAT, code="499") == 1
