@@ -97,6 +97,28 @@ class EngineSources:
         """The full key of ``path`` in this section as the file spells it."""
         return f"{self.section}.{path}"
 
+    def unmatched_kv_events(self) -> str | None:
+        """What is wrong when explicit KV-event endpoints name no static engine, or None.
+
+        An endpoint is keyed by its engine's URL, compared in canonical form: one that names no
+        engine would silently subscribe nobody (``localhost`` is not ``127.0.0.1``). With DNS
+        discovery the engines' URLs are known only once resolved, so any key may be one.
+        """
+        if self.dns is not None:
+            return None
+        lost = sorted(set(self.kv_events.endpoints) - set(self.static))
+        if not lost:
+            return None
+        port = {url: urlsplit(url).port for url in self.static}
+        parts = []
+        for url in lost:
+            near = [e for e, p in port.items() if p == urlsplit(url).port] or list(self.static)
+            parts.append(f"{url} (engines: {', '.join(near)})")
+        return (
+            f"{self.key('kv_events.endpoints')} (--kv-events): no engine has the URL "
+            + "; ".join(parts)
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class MetricNames:

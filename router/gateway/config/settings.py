@@ -256,3 +256,5 @@ def check_ready_to_serve(cfg: Config) -> None:
             f"{cfg.engines.key('kv_events.tokenizer')} (--tokenizer): token ids key only "
             "engines that publish KV events; give --kv-events or --kv-events-port too"
         )
+    if (problem := cfg.engines.unmatched_kv_events()) is not None:
+        raise ConfigError(problem)

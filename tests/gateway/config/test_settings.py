@@ -20,7 +20,7 @@ from router.cli import main
 from router.commands import serve
 from router.core.fields import MAX_YAML_BYTES, ConfigError
 from router.gateway.config.engines import DnsEngines, engine_url
-from router.gateway.config.overrides import with_overrides
+from router.gateway.config.overrides import with_kv_events, with_overrides
 from router.gateway.config.settings import (
     Config,
     check_ready_to_serve,
@@ -409,3 +409,32 @@ def test_kv_events_tokenizer_is_engine_or_a_path(tmp_path: Path) -> None:
     assert tokenizer(str(tmp_path / "absent")) == str(tmp_path / "absent")
     with pytest.raises(ConfigError, match=r"backends\.kv_events\.tokenizer: must be 'engine'"):
         tokenizer(" ")
+
+
+def test_check_kv_events_for_no_engine_names_it_and_the_engines_it_could_mean() -> None:
+    cfg = with_kv_events(
+        with_overrides(Config(), engines=["http://127.0.0.1:8001", "http://127.0.0.1:8002"]),
+        endpoints=["http://localhost:8001=tcp://127.0.0.1:5557"],
+    )
+    with pytest.raises(ConfigError) as e:
+        check_ready_to_serve(cfg)
+    msg = str(e.value)
+    assert msg.startswith("engines.kv_events.endpoints (--kv-events): no engine has the URL ")
+    assert "http://localhost:8001 (engines: http://127.0.0.1:8001)" in msg
+    assert "8002" not in msg  # only the engines on the same port are offered
+
+
+def test_check_kv_events_spelled_differently_but_the_same_engine_pass() -> None:
+    cfg = with_kv_events(
+        with_overrides(Config(), engines=["HTTP://127.0.0.1:8001/"]),
+        endpoints=["http://127.0.0.1:8001=tcp://127.0.0.1:5557"],
+    )
+    check_ready_to_serve(cfg)
+
+
+def test_check_kv_events_with_dns_discovery_accept_any_engine_url() -> None:
+    cfg = with_kv_events(
+        with_overrides(Config(), engine_dns="engines.svc:8000"),
+        endpoints=["http://10.0.0.7:8000=tcp://10.0.0.7:5557"],
+    )
+    check_ready_to_serve(cfg)
