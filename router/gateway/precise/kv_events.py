@@ -118,7 +118,8 @@ class EventMetrics:
         )  # fmt: skip
         self.lag = Histogram(
             "kvrouter_kv_event_lag_seconds",
-            "From the engine's batch timestamp to its arrival (clocks of two hosts).",
+            "From the engine's batch timestamp to its arrival, live batches only (clocks of two "
+            "hosts).",
             buckets=LAG_BUCKETS, registry=r,
         )  # fmt: skip
         self.tokenize = Histogram(
@@ -174,8 +175,12 @@ class Feed:
             if n:
                 m.dropped.labels(self.engine, reason).inc(n)
 
-    def apply(self, payload: bytes, now: float) -> Batch | None:
-        """Decode one batch and apply it to the index; None when it was dropped."""
+    def apply(self, payload: bytes, now: float, *, live: bool = True) -> Batch | None:
+        """Decode one batch and apply it to the index; None when it was dropped.
+
+        Only a ``live`` batch (not a replayed one) times the lag: a replay at start-up brings
+        minutes of history, which would bury the delivery delay a lag dashboard is for.
+        """
         c = self.counts
         before = Counts(c.batches, dict(c.events), c.malformed, c.unknown_events, c.unknown_fields)
         orphans = self.blocks.orphans
@@ -193,7 +198,7 @@ class Feed:
                     self.degraded = False  # a clean slate: the events are complete again
                 if not self.degraded:
                     self.core.observe(self.engine, change, now)
-            if self.metrics is not None:
+            if live and self.metrics is not None:
                 self.metrics.lag.observe(max(0.0, time.time() - batch.ts))
         self._count(before, orphans)
         if self.blind != blind:
@@ -371,7 +376,7 @@ class Subscriber:
                     feed.degrade()
             else:
                 for _, p in missing:
-                    feed.apply(p, now)
+                    feed.apply(p, now, live=False)
         feed.last_seq = seq
         feed.apply(payload, now)
         self._degraded_gauge()
@@ -381,7 +386,7 @@ class Subscriber:
         got = await self._replay(feed, replay, 0, CATCH_UP_UNTIL)
         now = self.clock()
         for seq, payload in got or ():
-            feed.apply(payload, now)
+            feed.apply(payload, now, live=False)
             feed.last_seq = seq
 
     async def _replay(
@@ -394,6 +399,7 @@ class Subscriber:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         got: dict[int, bytes] = {}
+        ended = False  # the end marker came: the engine sent all it still buffers
         try:
             sock.connect(endpoint)
             await sock.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
@@ -401,6 +407,7 @@ class Subscriber:
                 while True:
                     item = split_replay(await sock.recv_multipart())
                     if item is None:
+                        ended = True
                         break
                     if start <= item[0] < until:
                         got[item[0]] = item[1]
@@ -408,7 +415,9 @@ class Subscriber:
             log.warning("replay of %s's events failed: %s", feed.engine, e)
         finally:
             sock.close(0)
-        complete = len(got) == until - start or (until == CATCH_UP_UNTIL and bool(got))
+        # A catch-up asks for everything buffered: complete when the end marker came, even
+        # with nothing in between (an engine that has published nothing yet).
+        complete = ended if until == CATCH_UP_UNTIL else len(got) == until - start
         self.metrics.replays.labels(feed.engine, "complete" if complete else "partial").inc()
         if not complete and start > 0:
             return None

@@ -209,3 +209,45 @@ def test_engines_sharing_an_endpoint_are_not_subscribed(caplog: pytest.LogCaptur
         ]
     finally:
         sub.close()
+
+
+async def test_catch_up_of_an_engine_with_nothing_buffered_is_complete() -> None:
+    port, replay = free_port(), free_port()
+    pub = Publisher(EventSettings(port=port, replay_port=replay))
+    pub.start()
+    registry = CollectorRegistry()
+    try:
+        with subscriber() as sub:
+            sub.metrics = EventMetrics(registry)
+            feed = Feed(ENGINE, sub.core, sub.metrics)
+            await sub._catch_up(feed, f"tcp://127.0.0.1:{replay}")
+            assert feed.last_seq is None
+    finally:
+        await pub.close()
+    labels = {"backend": ENGINE}
+    replays = "kvrouter_kv_event_replays_total"
+    assert registry.get_sample_value(replays, {**labels, "result": "complete"}) == 1
+    assert registry.get_sample_value(replays, {**labels, "result": "partial"}) is None
+
+
+async def test_replayed_batches_do_not_time_the_lag_live_ones_do() -> None:
+    port, replay = free_port(), free_port()
+    pub = Publisher(EventSettings(port=port, replay_port=replay))
+    pub.start()
+    registry = CollectorRegistry()
+    try:
+        with subscriber() as sub:
+            sub.metrics = EventMetrics(registry)
+            feed = Feed(ENGINE, sub.core, sub.metrics)
+            w = CacheEvents(100, 4, "map", "int")
+            for k in (1, 10, 20):
+                pub.publish(w.admitted([k, k + 1], ids_of(range(k, k + 8)), 0.0))
+            await sub._catch_up(feed, f"tcp://127.0.0.1:{replay}")
+            assert feed.last_seq == 2 and sub.core.index.event_blocks(ENGINE) == 6
+            lag = "kvrouter_kv_event_lag_seconds_count"
+            assert registry.get_sample_value(lag) == 0
+            live = w.batch(w.admitted([30, 31], ids_of(range(30, 38)), 0.0), 1.0)
+            await sub._message(feed, frames(3, live), f"tcp://127.0.0.1:{replay}")
+            assert registry.get_sample_value(lag) == 1
+    finally:
+        await pub.close()
