@@ -93,9 +93,14 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def _admin(
+    method: str,
     handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """Only with ``Authorization: Bearer <token>``; absent (404) when no token is set."""
+    """Only with ``Authorization: Bearer <token>``; absent (404) when no token is set.
+
+    Mounted for every method: with admin off, a wrong method must answer 404 as well, or its
+    405 would tell a prober the route exists. The method is checked after the token.
+    """
 
     async def guarded(request: web.Request) -> web.StreamResponse:
         token = request.app[GATEWAY].admin_token
@@ -104,6 +109,8 @@ def _admin(
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not _same_token(given.strip(), token):
             raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin token>'")
+        if request.method != method:
+            raise web.HTTPMethodNotAllowed(request.method, [method])
         return await handler(request)
 
     guarded.__doc__ = handler.__doc__
@@ -243,8 +250,8 @@ def build_app(gw: Gateway) -> web.Application:
             web.get("/v1/models", models),
             web.get("/health", health),
             web.get("/ready", ready),
-            web.post("/debug/route", _admin(debug_route)),
-            web.get("/debug/backends", _admin(debug_backends)),
+            web.route("*", "/debug/route", _admin("POST", debug_route)),
+            web.route("*", "/debug/backends", _admin("GET", debug_backends)),
         ]
     )
     if not gw.config.listen.metrics_port:

@@ -88,6 +88,31 @@ async def test_admin_off_without_token_404(tmp_path: Path) -> None:
         assert status == 404
 
 
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH", "OPTIONS"])
+@pytest.mark.parametrize("path", ["/debug/route", "/debug/backends"])
+async def test_admin_off_any_method_404_like_an_unknown_path(
+    tmp_path: Path, method: str, path: str
+) -> None:
+    async with rig(tmp_path) as r:
+        async with r.client.request(method, path) as got:
+            body = await got.json()
+        async with r.client.request(method, "/no/such/route") as unknown:
+            assert (got.status, unknown.status) == (404, 404)
+        assert body["error"]["code"] == "not_found"
+
+
+async def test_admin_on_wrong_method_405_only_after_the_token(tmp_path: Path) -> None:
+    async with rig(tmp_path, env={"KVROUTER_ADMIN_TOKEN": TOKEN}) as r:
+        async with r.client.get("/debug/route") as anonymous:
+            assert anonymous.status == 401
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        async with r.client.get("/debug/route", headers=auth) as got:
+            assert got.status == 405 and got.headers["Allow"] == "POST"
+            assert (await got.json())["error"]["code"] == "method_not_allowed"
+        async with r.client.post("/debug/backends", headers=auth) as got:
+            assert got.status == 405
+
+
 @pytest.mark.parametrize(
     "auth", [None, "Bearer wrong", f"Basic {TOKEN}", f"Bearer {TOKEN}x", "Bearer"]
 )
