@@ -21,7 +21,8 @@ and failures are rendered by the gateway's error middleware in vLLM's dialect.
 Test hook, fault injection for the gateway's tests (unauthenticated unless ``--api-key``: never
 expose engine-sim to untrusted clients). A fault applies to the next ``count`` (default 1)
 generation requests (chat, completions, embeddings), taken when a request arrives, before its
-body is read; setting a fault replaces the pending one.
+body is read; setting a fault replaces the pending one. ``"every": K`` plays it on every K-th
+request only (2: every other one fails), ``count`` times.
 
     POST /fault {"mode": "status", "status": 503, "count": N}
         answer ``status`` (400-599) in OpenAI's error shape, before any other byte

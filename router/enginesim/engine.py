@@ -11,6 +11,7 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -67,17 +68,22 @@ class Ticket:
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """A pending injected fault: what happens to the next ``count`` generation requests."""
+    """A pending injected fault: what happens to the next ``count`` generation requests (of
+    every ``every``-th one: 2 fails every other request, the others served normally)."""
 
     mode: FaultMode
     count: int = 1
     status: int = 503
+    every: int = 1
+    skipped: int = 0  # requests served since the fault last played
 
     def described(self) -> dict[str, Any]:
         """The fault as ``POST /fault`` echoes it."""
         out: dict[str, Any] = {"mode": self.mode, "count": self.count}
         if self.mode == "status":
             out["status"] = self.status
+        if self.every != 1:
+            out["every"] = self.every
         return out
 
 
@@ -147,7 +153,11 @@ class Engine:
         fault = self.fault
         if fault is None:
             return None
-        self.fault = Fault(fault.mode, fault.count - 1, fault.status) if fault.count > 1 else None
+        if fault.skipped + 1 < fault.every:
+            self.fault = dataclasses.replace(fault, skipped=fault.skipped + 1)
+            return None
+        left = dataclasses.replace(fault, count=fault.count - 1, skipped=0)
+        self.fault = left if fault.count > 1 else None
         return fault
 
     def reset(self) -> None:

@@ -185,9 +185,10 @@ def parse_fault(raw: bytes) -> Fault | None:
         modes = ", ".join([*FAULT_MODES, "clear"])
         raise BadRequest(f"'mode' must be one of {modes}; got {mode!r}", "mode")
     count = _opt_int(body, "count", 1, 1, sys.maxsize)
+    every = _opt_int(body, "every", 1, 1, 1000)
     if mode != "status":
-        return Fault(mode, count)
+        return Fault(mode, count, every=every)
     status = body.get("status")
     if not isinstance(status, int) or isinstance(status, bool) or not 400 <= status <= 599:
         raise BadRequest("'status' must be an integer from 400 to 599", "status")
-    return Fault(mode, count, status)
+    return Fault(mode, count, status, every)

@@ -248,6 +248,15 @@ async def test_fault_status_next_n_requests_then_normal() -> None:
     assert stats["requests"] == 1
 
 
+async def test_fault_every_other_request_count_times() -> None:
+    async with engine() as http:
+        fault = {"mode": "status", "status": 503, "count": 2, "every": 2}
+        _, armed = await post(http, "/fault", fault)
+        answers = [await post(http, "/v1/completions", completion()) for _ in range(6)]
+    assert armed["fault"] == fault
+    assert [s for s, _ in answers] == [200, 503, 200, 503, 200, 200]
+
+
 async def post_with_timeout(http: aiohttp.ClientSession, body: Any, seconds: float) -> int:
     timeout = aiohttp.ClientTimeout(total=seconds)
     async with http.post("/v1/completions", json=body, timeout=timeout) as resp:
