@@ -223,20 +223,31 @@ class Exchange:
             self.s.pool.report_failure(engine, e.message, request_shaped=True)
 
     async def _before_retry(self, attempt: int, engine: str) -> None:
-        """Spend from the retry budget (or give up), then wait a jittered backoff."""
+        """Spend from the retry budget (or give up), then wait a jittered backoff.
+
+        A retry away from one failing engine to one that answers is free (see
+        router.core.retry_budget): the budget holds only while much of the fleet fails.
+        """
         s = self.s
-        if not s.retry_budget.try_retry():
-            s.metrics.retries_refused.inc()
-            raise NoEngine("the gateway's retry budget is spent; try again shortly")
-        self.retries += 1
+        budget = s.retry_budget
+        isolated = budget.isolated(engine, len(s.pool.engines), s.clock())
+        if not isolated:
+            if not budget.try_retry():
+                s.metrics.retries_refused.inc()
+                raise NoEngine("the gateway's retry budget is spent; try again shortly")
+            self.retries += 1
         s.metrics.retries.inc()
-        log.info("%s %s: retrying on %s (attempt %d)", self.id, self.route, engine, attempt)
+        log.info(
+            "%s %s: retrying on %s (attempt %d%s)",
+            self.id, self.route, engine, attempt, ", one engine failing" if isolated else "",
+        )  # fmt: skip
         pause = s.limits.retry_backoff_seconds * 2 ** (attempt - 2)
         if pause > 0:
             await asyncio.sleep(random.uniform(0, pause))
 
     def _first_byte(self, lease: Lease) -> None:
         """The engine took the prompt: record its blocks there and tell the peers."""
+        self.s.retry_budget.answered(lease.engine)
         delta = self.s.core.record(lease, self.s.clock())
         if delta is not None:
             self.s.publish(delta)
@@ -306,6 +317,7 @@ class Exchange:
     def _failed(self, engine: str, error: UpstreamError, *, blame: bool = True) -> None:
         """Count a failed attempt at ``engine``, and against its health unless not ``blame``."""
         self.s.metrics.engine_request(engine, error.label)
+        self.s.retry_budget.failed(engine, self.s.clock())
         if blame:
             self.s.pool.report_failure(engine, error.message)
 
@@ -327,6 +339,7 @@ class Exchange:
 
     def _answered(self, engine: str, status: int) -> None:
         self.s.metrics.engine_request(engine, str(status))
+        self.s.retry_budget.answered(engine)
         self.s.pool.report_success(engine)
 
     def _count_usage(self, counts: tuple[int, int] | None) -> None:

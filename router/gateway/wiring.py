@@ -144,6 +144,7 @@ class Gateway:
                 queue_depth=lambda: self.admission.depth(),
             )
         )
+        self.retry_budget = RetryBudget(BudgetRules(ratio=config.limits.retry_budget_percent / 100))
         self.pool = EnginePool(
             config.engines,
             config.health,
@@ -207,7 +208,7 @@ class Gateway:
             config.limits,
             self.admission,
             config.forwarding,
-            RetryBudget(BudgetRules(ratio=config.limits.retry_budget_percent / 100)),
+            self.retry_budget,
             clock=clock,
             publish=self.replica.queue if self.replica is not None else keep_local,
             bodies=self.bodies,
@@ -229,6 +230,7 @@ class Gateway:
     def _set_engines(self, weights: Mapping[str, int]) -> None:
         self.core.set_engines(weights)
         self.metrics.forget_engines(weights)
+        self.retry_budget.forget(set(weights))
         for url in self.core.loads.reporting_engines():
             if url not in weights:
                 self.core.loads.drop_engine_report(url)

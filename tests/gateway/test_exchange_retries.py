@@ -171,10 +171,22 @@ async def test_request_shaped_failures_never_eject_past_half_the_fleet(tmp_path:
 
 async def test_retry_budget_spent_answers_503_without_retrying(tmp_path: Path) -> None:
     async with rig(tmp_path) as r:
-        r.gw.services.retry_budget.rules = BudgetRules(ratio=0.0, min_retries=0)
+        # isolated_share 0: any failing engine is a brown-out, so every retry needs the budget.
+        r.gw.services.retry_budget.rules = BudgetRules(ratio=0.0, min_retries=0, isolated_share=0)
         r.up.next(error_answer(503))
         status, body = await r.post(CHAT, chat())
         assert status == 503 and body["error"]["code"] == "no_backend_available"
         assert len(r.up.sent) == 1
         assert await r.metric("kvrouter_retries_refused_total") == 1
         assert r.gw.services.retry_budget.retries == 0
+
+
+async def test_retry_away_from_one_failing_engine_needs_no_budget(tmp_path: Path) -> None:
+    async with rig(tmp_path) as r:
+        r.gw.services.retry_budget.rules = BudgetRules(ratio=0.0, min_retries=0)
+        r.up.next(error_answer(503))
+        status, _ = await r.post(CHAT, chat())
+        assert status == 200 and len(r.up.sent) == 2
+        assert await r.metric("kvrouter_retries_total") == 1
+        assert await r.metric("kvrouter_retries_refused_total") == 0
+        assert r.gw.services.retry_budget.retries == 0  # nothing was spent, nothing owed
