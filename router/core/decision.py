@@ -215,6 +215,9 @@ class RoutingCore:
         """
         rt, keys = self.keys_of(body)
         tokens = rt.approx_tokens if prompt_tokens is None else prompt_tokens
+        if prompt_tokens is None and tokenized is not None and rt.text is not None:
+            # The engines' own count, not characters / 4: the load inputs and /debug/route.
+            tokens = tokenized.prompt_tokens(len(rt.text))
         seed = namespace_seed(rt.namespace)
         return self.decide_keys(keys, tokens, candidates, now, session, seed, tokenized=tokenized)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from router.core.blocks import token_keys
+from router.core.blocks import CHARS_PER_TOKEN, token_keys
 from router.core.index import BlockIndex
 
 # Medium tiers: a block in CPU memory or on disk still saves prefill, but costs a load.
@@ -41,6 +41,12 @@ class TokenPrompt:
     token_ids: Sequence[int]
     lora_name: str | None = None
     text_chars: int | None = None
+
+    def prompt_tokens(self, chars: int) -> int:
+        """The prompt's length in tokens, for a routing text of ``chars`` characters: the ids,
+        and for the text past a head the ids stand for, the characters-per-token guess."""
+        rest = 0 if self.text_chars is None else max(0, chars - self.text_chars)
+        return len(self.token_ids) + rest // CHARS_PER_TOKEN
 
 
 @dataclass(frozen=True, slots=True)

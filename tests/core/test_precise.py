@@ -148,3 +148,12 @@ def test_event_entries_bounded_by_the_global_cap() -> None:
     assert len(idx) == idx.event_blocks() + idx.blocks("f")
     idx.drop_engine("e")
     assert idx.event_blocks() == 0 and len(idx) == idx.blocks("f")
+
+
+def test_prompt_tokens_are_the_token_ids_when_known_not_characters_over_four() -> None:
+    r = core()
+    text = TEXT + "x" * 400  # ids stand for TEXT only: the rest is guessed at 4 chars a token
+    assert r.decide(body(TEXT), ENGINES, 1.0).prompt_tokens == len(TEXT) // 4
+    assert r.decide(body(TEXT), ENGINES, 1.0, tokenized=TokenPrompt(IDS)).prompt_tokens == 256
+    head = TokenPrompt(IDS, text_chars=len(TEXT))
+    assert r.decide(body(text), ENGINES, 1.0, tokenized=head).prompt_tokens == 256 + 100
