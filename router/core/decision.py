@@ -6,9 +6,10 @@ The gateway and the simulator both drive a request through ``RoutingCore`` in th
    blocks it holds (confirmed, or provisional for attempts in flight), the fleet-wide
    in-flight requests and tokens; the bounded-load filter; for a hot prefix (more of its
    requests in flight per holder than ``hot_prefix.spread_above``), every candidate credited
-   with holding it; the picker (round-robin, the ring home, or the best weighted score; with
-   ``cold_prefix: ring`` a prefix nobody holds goes to its ring home, so every replica agrees
-   on it before gossip spreads the news). It returns a
+   with holding it where a copy would evict nothing still in use
+   (``hot_prefix.keep_younger_than_seconds``); the picker (round-robin, the ring home, or the
+   best weighted score; with ``cold_prefix: ring`` a prefix nobody holds goes to its ring
+   home, so every replica agrees on it before gossip spreads the news). It returns a
    frozen ``Decision``: the pick, the ordered fallbacks, and the explanation. Nothing changes.
 2. ``acquire(decision, engine, now)``: take the engine's load and put the request's blocks in
    the index *provisionally* for it (``core.predictions``: not gossiped, withdrawn on
@@ -276,6 +277,9 @@ class RoutingCore:
                 overlaps = [overlaps[i] for i in keep]
                 requests = [requests[i] for i in keep]
                 eligible = [eligible[i] for i in keep]
+        credited: list[bool] = []
+        if credit and p.hot_prefix.keep_younger_than_seconds:
+            credited = self._copy_affordable(cands, overlaps, credit, now)
         tokens = self.loads.tokens(cands)
         predicted = [0] * len(cands)
         if self.predictions:
@@ -295,6 +299,7 @@ class RoutingCore:
             waiting=waiting,
             kv_usage=usage,
             credit=credit,
+            credited=credited,
         )
         scores = {s.type: SCORERS[s.type].score(s.params, x) for s in p.scorers}
         totals = [0.0] * len(cands)
@@ -324,6 +329,20 @@ class RoutingCore:
             sources=tuple(src.get(e) or ("approximate" if o else "none") for e, o in pairs),
             prefix=prefix,
         )
+
+    def _copy_affordable(
+        self, cands: Sequence[str], overlaps: Sequence[int], credit: int, now: float
+    ) -> list[bool]:
+        """Which candidates may take a copy of a hot prefix's ``credit`` blocks: those that
+        hold it, and those where the copy would evict only blocks untouched for
+        ``keep_younger_than_seconds`` (in a small cache it would push out other prompts
+        still in use: the hit ratio pays for the spread there)."""
+        keep = self.policy.hot_prefix.keep_younger_than_seconds
+        out = []
+        for e, o in zip(cands, overlaps, strict=True):
+            age = self.index.evicted_age(e, credit - o, now) if o < credit else None
+            out.append(age is None or age >= keep)
+        return out
 
     def _eligible(
         self, cands: Sequence[str], requests: Sequence[int], prompt_tokens: int

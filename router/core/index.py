@@ -291,6 +291,12 @@ class BlockIndex:
             total += best
         return n, total
 
+    def evicted_age(self, engine: str, blocks: int, now: float) -> float | None:
+        """How recently used the blocks are that ``blocks`` new ones would evict at ``engine``
+        (seconds; None: nothing would be evicted). Router-side belief, as every overlap is."""
+        lru = self._engines.get(engine)
+        return None if lru is None else lru.evicted_age(blocks, now)
+
     def leading_since(self, engine: str, keys: Sequence[int], since: float) -> int:
         """Leading blocks of ``keys`` in ``engine``'s approximate entries newer than ``since``."""
         lru = self._engines.get(engine)

@@ -100,6 +100,15 @@ class LruKeys:
     def clear(self) -> None:
         self._keys.clear()
 
+    def evicted_age(self, count: int, now: float) -> float | None:
+        """How long ago the newest of the keys that ``count`` new keys would push out was
+        touched; None when they fit without evicting anything."""
+        over = len(self._keys) + count - self.capacity
+        if over <= 0:
+            return None
+        t = next(islice(self._keys.values(), min(over, len(self._keys)) - 1, None), now)
+        return now - t
+
     def leading_since(self, keys: Sequence[int], since: float) -> int:
         """How many of ``keys``, from the first, were touched after ``since`` (walked one by one:
         no chain order is assumed)."""

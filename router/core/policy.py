@@ -77,9 +77,15 @@ class HotPrefix:
     as the copies multiply, the requests per holder fall back below it and the prefix is
     kept together again. 0: never (a prefix spreads only once its holders' queues outweigh
     the prefill it saves).
+
+    ``keep_younger_than_seconds``: a copy evicts the least recently used blocks of the engine
+    taking it; only engines whose blocks to evict are at least this old (in the index's
+    belief) are credited, so a hot prefix never pushes out prompts still in use in a small
+    cache. 0: every engine is credited.
     """
 
     spread_above: float = 0.0
+    keep_younger_than_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +164,10 @@ def parse_policy(data: Any, where: str = "<policy>") -> Policy:
     hot = HotPrefix()
     hp = f.sub("hot_prefix")
     if hp is not None:
-        hot = HotPrefix(spread_above=hp.number("spread_above", 0.0, 0.0, 1_000_000.0))
+        hot = HotPrefix(
+            spread_above=hp.number("spread_above", 0.0, 0.0, 1_000_000.0),
+            keep_younger_than_seconds=hp.number("keep_younger_than_seconds", 0.0, 0.0, 1e9),
+        )
         hp.done()
     f.done()
 

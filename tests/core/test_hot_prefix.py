@@ -100,6 +100,31 @@ def test_hot_prefix_setting_is_checked() -> None:
         load_policy_text(base + "hot_prefix: {spread_above: -1}\n", "t")
     with pytest.raises(PolicyError, match=r"hot_prefix.spread: unknown field"):
         load_policy_text(base + "hot_prefix: {spread: 1}\n", "t")
+    keep = "hot_prefix: {spread_above: 2, keep_younger_than_seconds: 30}\n"
+    assert load_policy_text(base + keep, "t").hot_prefix.keep_younger_than_seconds == 30
+    with pytest.raises(PolicyError, match=r"hot_prefix.keep_younger_than_seconds"):
+        load_policy_text(base + "hot_prefix: {keep_younger_than_seconds: -1}\n", "t")
+
+
+def test_hot_prefix_copied_only_where_it_evicts_nothing_still_in_use() -> None:
+    # Caches of 16 blocks (2,048 tokens): DOC's copy (7 blocks) evicts from a full cache.
+    small = "index: {engine_capacity_tokens: 2048}\n"
+    hot = "hot_prefix: {spread_above: 2, keep_younger_than_seconds: 60}\n"
+    r = RoutingCore(load_policy_text("name: t\n" + SCORERS + hot + small, "t"))
+    r.set_engines(dict.fromkeys(ENGINES, 1))
+    filler = [r.keys_of({"model": "m", "prompt": f"{e} other {i} " * 1000})[1] for i, e in
+              enumerate(ENGINES)]  # fmt: skip
+    for e, keys in zip(ENGINES, filler, strict=True):
+        # d's cache was last used 1000 s ago; the others are in use now.
+        r.index.confirm(e, keys, 0.0 if e == "d" else 1000.0)
+    assert r.index.evicted_age("b", 7, 1000.0) == 0.0
+    assert r.index.evicted_age("d", 7, 1000.0) == 1000.0
+    r.index.confirm("a", r.keys_of({"model": "m", "prompt": DOC})[1], 1000.0)  # a holds DOC
+    placed = [ask(r, i, 1000.0 + i / 100) for i in range(12)]
+    engines = {e for e, _, _ in placed}
+    assert placed[0][0] == "a"
+    assert "d" in engines  # copied where it evicts what nobody used for 1000 s
+    assert not engines & {"b", "c"}  # never where it would push out prompts in use
 
 
 def test_hot_prefix_evens_out_the_fleet_on_a_viral_document() -> None:

@@ -183,3 +183,15 @@ def test_lru_leading_galloping_matches_walk(held: int, total: int, ttl: float | 
     assert lru.leading(keys, now=6.0) == expected
     if ttl is not None:
         assert lru.leading(keys, now=100.0) == 0
+
+
+def test_lru_evicted_age_is_the_newest_of_what_new_keys_would_push_out() -> None:
+    lru = LruKeys(4)
+    lru.touch([1], 10.0)
+    lru.touch([2], 20.0)
+    lru.touch([3], 30.0)
+    assert lru.evicted_age(1, 100.0) is None  # room for one more: nothing evicted
+    assert lru.evicted_age(2, 100.0) == 90.0  # key 1 goes
+    assert lru.evicted_age(3, 100.0) == 80.0  # keys 1 and 2: the newest of them was used at 20
+    assert lru.evicted_age(10, 100.0) == 70.0  # everything goes, key 3 last
+    assert len(lru) == 3  # a question, not an eviction

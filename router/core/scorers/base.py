@@ -39,8 +39,10 @@ class Inputs:
     # its queue, and what the routers sent since its report into a batch known to be full.
     waiting: Sequence[int] = ()
     kv_usage: Sequence[float] = ()  # share of its KV cache in use, from 0 to 1
-    # Leading blocks of a hot prefix every candidate is scored as holding (``HotPrefix``).
+    # Leading blocks of a hot prefix every candidate is scored as holding (``HotPrefix``), or
+    # only those ``credited`` (empty: every one) where a copy would evict nothing of value.
     credit: int = 0
+    credited: Sequence[bool] = ()
 
     def uncached(self, i: int) -> int:
         """Prompt tokens candidate ``i`` would have to prefill (the part it does not hold)."""
@@ -50,7 +52,12 @@ class Inputs:
     def scored_overlaps(self) -> Sequence[int]:
         """The overlaps scorers weigh: what each candidate holds, or the hot prefix's credit."""
         c = self.credit
-        return [max(o, c) for o in self.overlaps] if c else self.overlaps
+        if not c:
+            return self.overlaps
+        if self.credited:
+            pairs = zip(self.overlaps, self.credited, strict=True)
+            return [max(o, c) if m else o for o, m in pairs]
+        return [max(o, c) for o in self.overlaps]
 
 
 def param(
