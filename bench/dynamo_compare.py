@@ -1,0 +1,332 @@
+"""kvrouter against NVIDIA Dynamo's KV router, on Dynamo's own simulated engines.
+
+Dynamo's mocker (``python -m dynamo.mocker``) simulates a vLLM-like engine: a paged KV cache
+of ``--num-gpu-blocks-override`` blocks of 16 tokens with prefix caching, a scheduler and a
+timing model. Two fleets of ``--engines`` mockers, started fresh for each router so every one
+begins with empty caches:
+
+- Dynamo: the mockers behind one ``python -m dynamo.frontend --router-mode kv`` (its KV
+  router, fed by the mockers' KV events), once with its defaults and once per
+  ``--prefill-load-scale`` given (its tuning knob: how much a worker's queued prefill weighs
+  against cache overlap);
+- kvrouter: each mocker behind its own single-worker frontend (a plain OpenAI engine), the
+  frontends behind ``kvrouter serve`` with the kv-aware preset, its index told the engines'
+  capacity.
+
+Neither needs etcd or NATS: discovery is Dynamo's file backend, one folder per fleet (or per
+engine). The workload is multi-tenant, multi-turn chat (``SyntheticSpec``, ``--tenants``
+system prompts), replayed open-loop at its arrival times over ``--speedup``, streamed, each
+conversation's turns in order. Caches are sized to ``--cache-share`` of the working set (the
+distinct 16-token blocks of every prompt, in the engines' tokens). The engines' tokenizer is a
+small BPE made here (router.enginesim.model_files), shared by both fleets.
+
+It prints, per router: the prompt tokens the engines reported cached (hit ratio, from
+``usage.prompt_tokens_details.cached_tokens``) against the ideal (one cache holding the whole
+working set: every block seen before is a hit), TTFT p50 and p99 at the client, and failures.
+
+Dynamo is not a dependency of kvrouter; install it apart and name its interpreter:
+
+    python -m venv /opt/dynamo && /opt/dynamo/bin/pip install --no-deps ai-dynamo==1.6.1 \\
+        ai-dynamo-runtime==1.6.1 && /opt/dynamo/bin/pip install aiohttp certifi msgspec \\
+        prometheus-client pyzmq redis tqdm transformers zstandard pydantic uvloop kubernetes
+    python -m bench.dynamo_compare --dynamo-python /opt/dynamo/bin/python \\
+        [--engines 4] [--tenants 32] [--requests 1500] [--cache-share 0.4] \\
+        [--prefill-load-scale 8]
+
+(``aisimulate``, which ai-dynamo lists, downloads from elsewhere and only Dynamo's planner
+needs it: hence ``--no-deps`` and the list by hand.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from tokenizers import Tokenizer
+
+from bench.common import CHAT, Streamed, markdown_table, read_stream
+from router.commands.fleet import Proc, running, start_ready, wait_until
+from router.core.stats import percentile
+from router.core.workload import SyntheticSpec, synthetic
+from router.enginesim.model_files import CHATML, write_tokenizer
+from router.hostport import LOOPBACK, free_port
+from router.presets import preset_path
+
+MODEL = "sim-model"
+BLOCK_TOKENS = 16
+STARTUP_SECONDS = 120.0
+
+
+def model_folder(folder: Path) -> Path:
+    """The engines' model: the BPE tokenizer, its config as Dynamo parses it, a model shape."""
+    write_tokenizer(folder)
+    # Dynamo reads special tokens as plain strings.
+    config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHATML}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    shape = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "max_position_embeddings": 131072,
+        "hidden_size": 1024,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "num_hidden_layers": 8,
+        "vocab_size": 600,
+    }
+    (folder / "config.json").write_text(json.dumps(shape))
+    return folder
+
+
+def chatml(messages: Sequence[Mapping[str, Any]]) -> str:
+    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return f"<s>{turns}<|im_start|>assistant\n"
+
+
+def working_set_blocks(bodies: Sequence[Mapping[str, Any]], tok: Tokenizer) -> tuple[int, int]:
+    """(distinct 16-token prompt blocks, blocks an ideal cache would have served again)."""
+    seen: set[int] = set()
+    again = 0
+    for body in bodies:
+        ids = tok.encode(chatml(body["messages"]), add_special_tokens=False).ids
+        h = 0
+        for i in range(len(ids) // BLOCK_TOKENS):
+            h = hash((h, tuple(ids[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS])))
+            if h in seen:
+                again += 1
+            seen.add(h)
+    return len(seen), again
+
+
+@dataclass
+class Dynamo:
+    python: str
+    tmp: Path
+    model: Path
+    blocks: int
+    speedup: float
+    procs: list[Proc]
+
+    def _spawn(self, args: Sequence[str], env: Mapping[str, str], name: str, port: int) -> Proc:
+        log = self.tmp / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                [self.python, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env},
+                cwd=self.tmp,
+            )
+        proc = Proc(popen, port, log, name)
+        self.procs.append(proc)
+        return proc
+
+    def mocker(self, store: Path, name: str) -> Proc:
+        args = [
+            "-m", "dynamo.mocker",
+            "--model-path", str(self.model), "--model-name", MODEL,
+            "--discovery-backend", "file",
+            "--num-gpu-blocks-override", str(self.blocks), "--block-size", str(BLOCK_TOKENS),
+            "--speedup-ratio", str(self.speedup),
+        ]  # fmt: skip
+        return self._spawn(args, {"DYN_FILE_KV": str(store)}, name, 0)
+
+    def frontend(self, store: Path, name: str, mode: str, flags: Sequence[str] = ()) -> Proc:
+        port = free_port()
+        args = [
+            "-m", "dynamo.frontend", "--router-mode", mode, "--discovery-backend", "file",
+            "--http-host", LOOPBACK, "--http-port", str(port), "--kv-cache-block-size",
+            str(BLOCK_TOKENS), *flags,
+        ]  # fmt: skip
+        proc = self._spawn(args, {"DYN_FILE_KV": str(store)}, name, port)
+        wait_until(lambda: _serves(proc), f"{name} serving {MODEL}", STARTUP_SECONDS)
+        return proc
+
+
+def _serves(proc: Proc) -> bool:
+    if proc.popen.poll() is not None:
+        raise RuntimeError(f"{proc.name} exited; see {proc.log_path}")
+    try:
+        with urllib.request.urlopen(f"{proc.url}/v1/models", timeout=2) as r:
+            return any(m.get("id") == MODEL for m in json.loads(r.read()).get("data", []))
+    except OSError:
+        return False
+
+
+async def replay(
+    url: str,
+    bodies: Sequence[Mapping[str, Any]],
+    times: Sequence[float],
+    sessions: Sequence[str | None],
+    speedup: float,
+) -> list[Streamed | None]:
+    """Every body at its time / ``speedup``; a conversation's turn waits for the one before."""
+    out: list[Streamed | None] = [None] * len(bodies)
+    previous: dict[str, asyncio.Event] = {}
+    timeout = aiohttp.ClientTimeout(total=600)
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as http:
+        t0 = time.perf_counter()
+
+        async def one(i: int, body: Mapping[str, Any], before: asyncio.Event | None) -> None:
+            try:
+                await asyncio.sleep(max(0.0, t0 + times[i] / speedup - time.perf_counter()))
+                if before is not None:
+                    await before.wait()
+                data = orjson.dumps(
+                    {**body, "stream": True, "stream_options": {"include_usage": True}}
+                )
+                out[i] = await read_stream(http, url + CHAT, data)
+            except (aiohttp.ClientError, TimeoutError):
+                out[i] = None
+
+        tasks = []
+        for i, body in enumerate(bodies):
+            conv = sessions[i] or f"request-{i}"
+            before = previous.get(conv)
+            ev = asyncio.Event()
+            previous[conv] = ev
+
+            async def chained(i: int = i, body: Mapping[str, Any] = body,
+                              before: asyncio.Event | None = before,
+                              ev: asyncio.Event = ev) -> None:  # fmt: skip
+                try:
+                    await one(i, body, before)
+                finally:
+                    ev.set()
+
+            tasks.append(asyncio.ensure_future(chained()))
+        await asyncio.gather(*tasks)
+    return out
+
+
+def summary(label: str, results: Sequence[Streamed | None], ideal: float) -> list[str]:
+    ok = [r for r in results if r is not None and r.status == 200 and r.done]
+    prompt = sum(r.usage[0] for r in ok if r.usage)
+    cached = sum(r.usage[1] for r in ok if r.usage)
+    firsts = [r.first for r in ok if r.first is not None]
+    hit = cached / prompt if prompt else 0.0
+    return [
+        label,
+        f"{hit:.3f}",
+        f"{hit / ideal:.3f}" if ideal else "-",
+        f"{percentile(firsts, 50) * 1000:.0f} ms",
+        f"{percentile(firsts, 99) * 1000:.0f} ms",
+        str(len(results) - len(ok)),
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--dynamo-python", required=True, help="an interpreter with ai-dynamo")
+    ap.add_argument("--engines", type=int, default=4)
+    ap.add_argument("--tenants", type=int, default=32)
+    ap.add_argument("--requests", type=int, default=1500)
+    ap.add_argument("--rate", type=float, default=8.0, help="requests per second of the trace")
+    ap.add_argument("--speedup", type=float, default=1.0, help="replay speed-up")
+    ap.add_argument("--mocker-speedup", type=float, default=4.0, help="the mockers' own")
+    ap.add_argument("--cache-share", type=float, default=0.4, help="of the working set")
+    ap.add_argument("--prefill-load-scale", type=float, nargs="*", default=[8.0])
+    ap.add_argument("--logs", type=Path, help="keep the processes' logs in this folder")
+    args = ap.parse_args()
+    spec = SyntheticSpec(
+        requests=args.requests,
+        tenants=args.tenants,
+        conversations=max(args.tenants * 4, args.requests // 8),
+        system_prompt_words=600,
+        turn_words=(20, 120),
+        answer_words=(20, 80),
+        rate_per_s=args.rate,
+    )
+    trace = list(synthetic(spec))
+    bodies = [
+        {**dict(r.request_body()), "model": MODEL, "max_tokens": max(1, min(r.output_tokens, 64))}
+        for r in trace
+    ]
+    times = [r.timestamp for r in trace]
+    sessions = [r.session for r in trace]
+    with tempfile.TemporaryDirectory() as d:
+        tmp = args.logs or Path(d)
+        tmp.mkdir(parents=True, exist_ok=True)
+        model = model_folder(tmp / "model")
+        tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+        distinct, again = working_set_blocks(bodies, tok)
+        total = sum(
+            len(tok.encode(chatml(b["messages"]), add_special_tokens=False).ids) // BLOCK_TOKENS
+            for b in bodies
+        )
+        ideal = again / total if total else 0.0
+        blocks = max(64, int(args.cache_share * distinct / args.engines))
+        chars = sum(len(chatml(b["messages"])) for b in bodies)
+        tokens = sum(
+            len(tok.encode(chatml(b["messages"]), add_special_tokens=False).ids) for b in bodies
+        )
+        # kvrouter counts a token as 4 characters: its index capacity in its own tokens.
+        router_capacity = int(blocks * BLOCK_TOKENS * (chars / tokens) / 4)
+        print(
+            f"working set {distinct} blocks of {BLOCK_TOKENS} tokens; {blocks} per engine "
+            f"({args.cache_share} of it over {args.engines}); ideal hit ratio {ideal:.3f}"
+        )
+        rows = []
+        configs: list[tuple[str, list[str]]] = [("dynamo kv (defaults)", [])]
+        for s in args.prefill_load_scale:
+            configs.append((f"dynamo kv --router-prefill-load-scale {s:g}", [
+                "--router-prefill-load-scale", str(s)]))  # fmt: skip
+        for n, (label, flags) in enumerate(configs):
+            with running([]) as procs:
+                dyn = Dynamo(args.dynamo_python, tmp, model, blocks, args.mocker_speedup, procs)
+                store = tmp / f"kv-dynamo-{n}"
+                for i in range(args.engines):
+                    dyn.mocker(store, f"dynamo-{n}-mocker-{i}")
+                front = dyn.frontend(store, f"dynamo-{n}-frontend", "kv", flags)
+                wait_until(partial(_knows_workers, front, args.engines), "every mocker known", 60)
+                results = asyncio.run(replay(front.url, bodies, times, sessions, args.speedup))
+                rows.append(summary(label, results, ideal))
+                print(markdown_table(_HEAD, rows[-1:]), flush=True)
+        with running([]) as procs:
+            dyn = Dynamo(args.dynamo_python, tmp, model, blocks, args.mocker_speedup, procs)
+            engines = []
+            for i in range(args.engines):
+                store = tmp / f"kv-engine-{i}"
+                dyn.mocker(store, f"engine-{i}-mocker")
+                engines.append(dyn.frontend(store, f"engine-{i}-frontend", "round-robin"))
+            policy = tmp / "kv-aware.yaml"
+            policy.write_text(_policy_with_capacity(router_capacity))
+            cmd = ["serve", "--policy", str(policy), "--host", LOOPBACK]
+            for e in engines:
+                cmd += ["--engine", e.url]
+            router = start_ready(cmd, tmp, ready_path="/ready")
+            procs.append(router)
+            results = asyncio.run(replay(router.url, bodies, times, sessions, args.speedup))
+            rows.append(summary("kvrouter kv-aware", results, ideal))
+        print()
+        print(markdown_table(_HEAD, rows))
+
+
+_HEAD = ["router", "hit ratio", "/ ideal", "TTFT p50", "TTFT p99", "failed"]
+
+
+def _knows_workers(front: Proc, n: int) -> bool:
+    """Whether the frontend's router has added ``n`` mockers (its log says so per worker)."""
+    return front.log_path.read_text(errors="replace").count("Adding worker") >= n
+
+
+def _policy_with_capacity(tokens: int) -> str:
+    text = preset_path("kv-aware").read_text()
+    return text.replace("engine_capacity_tokens: 1000000", f"engine_capacity_tokens: {tokens}")
+
+
+if __name__ == "__main__":
+    main()
