@@ -58,7 +58,7 @@ import orjson
 from tokenizers import Tokenizer
 
 from bench.common import CHAT, Streamed, markdown_table, read_stream
-from router.commands.fleet import Proc, running, start_ready, wait_until
+from router.commands.fleet import Proc, metric_in, running, start_ready, wait_until
 from router.core.stats import percentile
 from router.core.workload import SyntheticSpec, synthetic
 from router.enginesim.model_files import CHATML, write_tokenizer
@@ -133,7 +133,8 @@ class Dynamo:
         self.procs.append(proc)
         return proc
 
-    def mocker(self, store: Path, name: str) -> Proc:
+    def mocker(self, store: Path, name: str, events: tuple[int, int] | None = None) -> Proc:
+        """A mocker; with ``events`` (two ports), publishing its KV events as vLLM does."""
         args = [
             "-m", "dynamo.mocker",
             "--model-path", str(self.model), "--model-name", MODEL,
@@ -141,6 +142,8 @@ class Dynamo:
             "--num-gpu-blocks-override", str(self.blocks), "--block-size", str(BLOCK_TOKENS),
             "--speedup-ratio", str(self.speedup),
         ]  # fmt: skip
+        if events is not None:
+            args += ["--zmq-kv-events-ports", str(events[0]), "--zmq-replay-ports", str(events[1])]
         return self._spawn(args, {"DYN_FILE_KV": str(store)}, name, 0)
 
     def frontend(self, store: Path, name: str, mode: str, flags: Sequence[str] = ()) -> Proc:
@@ -240,6 +243,7 @@ def main() -> None:
     ap.add_argument("--cache-share", type=float, default=0.4, help="of the working set")
     ap.add_argument("--prefill-load-scale", type=float, nargs="*", default=[8.0])
     ap.add_argument("--logs", type=Path, help="keep the processes' logs in this folder")
+    ap.add_argument("--routers", nargs="+", default=["dynamo", "kvrouter"], help="which to run")
     args = ap.parse_args()
     spec = SyntheticSpec(
         requests=args.requests,
@@ -280,37 +284,56 @@ def main() -> None:
             f"({args.cache_share} of it over {args.engines}); ideal hit ratio {ideal:.3f}"
         )
         rows = []
-        configs: list[tuple[str, list[str]]] = [("dynamo kv (defaults)", [])]
-        for s in args.prefill_load_scale:
-            configs.append((f"dynamo kv --router-prefill-load-scale {s:g}", [
+        configs: list[tuple[str, str, list[str]]] = []
+        if "dynamo" in args.routers:
+            configs.append(("dynamo round-robin", "round-robin", []))
+            configs.append(("dynamo kv (defaults)", "kv", []))
+        for s in args.prefill_load_scale if "dynamo" in args.routers else ():
+            configs.append((f"dynamo kv --router-prefill-load-scale {s:g}", "kv", [
                 "--router-prefill-load-scale", str(s)]))  # fmt: skip
-        for n, (label, flags) in enumerate(configs):
+        for n, (label, mode, flags) in enumerate(configs):
             with running([]) as procs:
                 dyn = Dynamo(args.dynamo_python, tmp, model, blocks, args.mocker_speedup, procs)
                 store = tmp / f"kv-dynamo-{n}"
                 for i in range(args.engines):
                     dyn.mocker(store, f"dynamo-{n}-mocker-{i}")
-                front = dyn.frontend(store, f"dynamo-{n}-frontend", "kv", flags)
-                wait_until(partial(_knows_workers, front, args.engines), "every mocker known", 60)
+                front = dyn.frontend(store, f"dynamo-{n}-frontend", mode, flags)
+                every = partial(_knows_blocks, front, blocks * args.engines)
+                wait_until(every, "every mocker known", 60)
                 results = asyncio.run(replay(front.url, bodies, times, sessions, args.speedup))
                 rows.append(summary(label, results, ideal))
                 print(markdown_table(_HEAD, rows[-1:]), flush=True)
-        with running([]) as procs:
-            dyn = Dynamo(args.dynamo_python, tmp, model, blocks, args.mocker_speedup, procs)
-            engines = []
-            for i in range(args.engines):
-                store = tmp / f"kv-engine-{i}"
-                dyn.mocker(store, f"engine-{i}-mocker")
-                engines.append(dyn.frontend(store, f"engine-{i}-frontend", "round-robin"))
-            policy = tmp / "kv-aware.yaml"
-            policy.write_text(_policy_with_capacity(router_capacity))
-            cmd = ["serve", "--policy", str(policy), "--host", LOOPBACK]
-            for e in engines:
-                cmd += ["--engine", e.url]
-            router = start_ready(cmd, tmp, ready_path="/ready")
-            procs.append(router)
-            results = asyncio.run(replay(router.url, bodies, times, sessions, args.speedup))
-            rows.append(summary("kvrouter kv-aware", results, ideal))
+        variants = [("round-robin", "approximate"), ("kv-aware", "approximate")]
+        variants.append(("kv-aware", "precise"))
+        for preset, index in variants if "kvrouter" in args.routers else ():
+            # Precise: the mockers' KV events, and the engines' tokenizer for the token ids.
+            with running([]) as procs:
+                dyn = Dynamo(args.dynamo_python, tmp, model, blocks, args.mocker_speedup, procs)
+                engines, feeds = [], []
+                for i in range(args.engines):
+                    store = tmp / f"kv-{index}-engine-{i}"
+                    ports = (free_port(), free_port()) if index == "precise" else None
+                    dyn.mocker(store, f"{index}-engine-{i}-mocker", ports)
+                    engines.append(
+                        dyn.frontend(store, f"{index}-engine-{i}-frontend", "round-robin")
+                    )
+                    feeds.append(ports)
+                capacity = router_capacity if index == "approximate" else blocks * BLOCK_TOKENS
+                policy = tmp / f"{preset}-{index}.yaml"
+                policy.write_text(_policy_with_capacity(preset, capacity))
+                cmd = ["serve", "--policy", str(policy), "--host", LOOPBACK]
+                for e, ports in zip(engines, feeds, strict=True):
+                    cmd += ["--engine", e.url]
+                    if ports is not None:
+                        ev, replay_port = (f"tcp://{LOOPBACK}:{p}" for p in ports)
+                        cmd += ["--kv-events", f"{e.url}={ev},{replay_port}"]
+                if index == "precise":
+                    cmd += ["--tokenizer", str(model)]
+                router = start_ready(cmd, tmp, ready_path="/ready")
+                procs.append(router)
+                results = asyncio.run(replay(router.url, bodies, times, sessions, args.speedup))
+                rows.append(summary(f"kvrouter {preset}, {index}", results, ideal))
+                print(markdown_table(_HEAD, rows[-1:]), flush=True)
         print()
         print(markdown_table(_HEAD, rows))
 
@@ -318,13 +341,16 @@ def main() -> None:
 _HEAD = ["router", "hit ratio", "/ ideal", "TTFT p50", "TTFT p99", "failed"]
 
 
-def _knows_workers(front: Proc, n: int) -> bool:
-    """Whether the frontend's router has added ``n`` mockers (its log says so per worker)."""
-    return front.log_path.read_text(errors="replace").count("Adding worker") >= n
+def _knows_blocks(front: Proc, n: int) -> bool:
+    """Whether the frontend counts ``n`` KV blocks over its workers: every mocker joined."""
+    with urllib.request.urlopen(f"{front.url}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return metric_in(text, "dynamo_frontend_model_total_kv_blocks") >= n
 
 
-def _policy_with_capacity(tokens: int) -> str:
-    text = preset_path("kv-aware").read_text()
+def _policy_with_capacity(preset: str, tokens: int) -> str:
+    """The preset with its index told the engines' capacity, as an operator would set it."""
+    text = preset_path(preset).read_text()
     return text.replace("engine_capacity_tokens: 1000000", f"engine_capacity_tokens: {tokens}")
 
 
