@@ -100,6 +100,8 @@ class RoutingCore:
         self.predictions = Predictions()
         self.ring = BoundedLoadRing()
         self._turn = 0  # round-robin's position, advanced by ``acquire``
+        # Prompt tokens each engine says it caches (``engine_capacity``), kept across policies.
+        self._capacity: dict[str, int] = {}
         self._memories = self._remembering(policy, {})
         # Outstanding leases -> whether their claims are still unconfirmed.
         self._leases: dict[int, bool] = {}
@@ -140,6 +142,7 @@ class RoutingCore:
             self.index.add_engine(e)
         for e in set(self.index.engines) - set(weights):
             self.index.drop_engine(e)
+            self._capacity.pop(e, None)
 
     def set_policy(self, policy: Policy) -> None:
         """Swap the policy; the index survives unless the block size changed its keys."""
@@ -152,6 +155,8 @@ class RoutingCore:
             self.index = BlockIndex(self._limits(policy), self.origin, seq=self.index.seq)
             for e in engines:
                 self.index.add_engine(e)
+            for e, tokens in self._capacity.items():
+                self.index.add_engine(e, max(1, tokens // policy.block_tokens))
             # Claims on the old keys: the old index is gone; leases still out withdraw claims
             # that are no longer there, which ``Predictions.withdraw`` ignores.
             self.predictions.clear()
@@ -159,6 +164,14 @@ class RoutingCore:
             self.index.limits = self._limits(policy)
             for e in self.index.engines:
                 self.index.add_engine(e)
+
+    def engine_capacity(self, engine: str, tokens: int) -> None:
+        """``engine`` caches ``tokens`` prompt tokens, as it says of itself: the index forgets
+        its blocks beyond that, as the engine does (instead of the policy's guess)."""
+        if engine not in self.index.engines or tokens < 1:
+            return
+        self._capacity[engine] = tokens
+        self.index.add_engine(engine, max(1, tokens // self.policy.block_tokens))
 
     def set_precise(self, engine: str, block_size: int | None) -> None:
         """``engine``'s events are complete, with blocks of ``block_size`` (None: they are not)."""

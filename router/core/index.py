@@ -100,6 +100,11 @@ class BlockIndex:
         """The number of the last delta this index made."""
         return self._seq
 
+    def capacity_blocks(self, engine: str) -> int:
+        """How many blocks the index keeps for ``engine`` (0: not tracked)."""
+        lru = self._engines.get(engine)
+        return 0 if lru is None else lru.capacity
+
     def blocks(self, engine: str) -> int:
         lru = self._engines.get(engine)
         return len(lru) if lru is not None else 0

@@ -50,6 +50,15 @@ class EngineCollector(Collector):
             m = CounterMetricFamily(name, doc, labels=labels)
             m.add_metric(model, value)
             yield m
+        # vLLM's info gauge: the cache's shape in its labels, value 1.
+        spec = e.settings.spec
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig.",
+            labels=["block_size", "num_gpu_blocks"],
+        )
+        info.add_metric([str(spec.block_tokens), str(spec.capacity_tokens // spec.block_tokens)], 1)
+        yield info
 
 
 def registry_for(engine: Engine) -> CollectorRegistry:

@@ -167,6 +167,7 @@ async def debug_backends(request: web.Request) -> web.Response:
                 "inflight_requests": load.requests,
                 "inflight_tokens": load.tokens,
                 "index_blocks": gw.core.index.blocks(url),
+                "index_capacity_blocks": gw.core.index.capacity_blocks(url),
             }
         )
     return _json({"backends": out})

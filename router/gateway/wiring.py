@@ -161,6 +161,7 @@ class Gateway:
             self.core.loads.engine_report,
             clock=clock,
             count=lambda result: self.metrics.engine_scrapes.labels(result).inc(),
+            capacity=self.core.engine_capacity,
         )
         # Raises ConfigError: the gateway does not start with keys it cannot read.
         self.api_keys = load_keys(config.auth.api_keys_file, config.auth.api_keys_env, environ)

@@ -328,3 +328,22 @@ def test_hot_prefix_spreads_off_an_engine_whose_batch_is_full() -> None:
     assert moves.engine != holder and moves.engine in ENGINES
     held = moves.explain()["candidates"][moves.inputs.candidates.index(holder)]
     assert held["wait_slots"] == 2 and held["overlap_blocks"] == len(moves.keys)
+
+
+def test_engine_capacity_sizes_its_index_and_survives_a_policy_with_other_blocks() -> None:
+    policy = load_policy_text("name: t\nscorers: [{type: prefix-overlap, weight: 1}]\n", "t")
+    r = RoutingCore(policy)
+    r.set_engines({"a": 1, "b": 1})
+    r.engine_capacity("a", 12_800)
+    r.engine_capacity("zz", 12_800)  # not an engine: nothing kept
+    assert r.index.capacity_blocks("a") == 12_800 // policy.block_tokens
+    assert r.index.capacity_blocks("b") == policy.engine_capacity_blocks
+    assert r.index.capacity_blocks("zz") == 0
+    wider = load_policy_text(
+        "name: t\nblock_chars: 1024\nscorers: [{type: prefix-overlap, weight: 1}]\n", "t"
+    )
+    r.set_policy(wider)  # new keys, a new index: the engine's own size still applies
+    assert r.index.capacity_blocks("a") == 12_800 // wider.block_tokens
+    r.set_engines({"b": 1})
+    r.set_engines({"a": 1, "b": 1})  # gone and back: the policy's size until it says again
+    assert r.index.capacity_blocks("a") == wider.engine_capacity_blocks

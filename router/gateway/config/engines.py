@@ -160,6 +160,9 @@ class EngineMetricsSettings:
     # A report older than this many intervals is ignored: the router's own figures stand.
     stale_after_intervals: int = 4
     names: MetricNames = field(default_factory=MetricNames)
+    # The engines' own cache size (vLLM's cache_config_info, SGLang's max_total_num_tokens)
+    # replaces the policy's index.engine_capacity_tokens for each engine that reports it.
+    learn_capacity: bool = True
 
     @property
     def stale_after_seconds(self) -> float:
@@ -328,6 +331,7 @@ def engine_metrics(f: ConfigFields | None) -> EngineMetricsSettings:
         timeout_seconds=f.seconds("timeout_seconds", d.timeout_seconds),
         stale_after_intervals=f.integer("stale_after_intervals", d.stale_after_intervals, 1, 1000),
         names=_metric_names(f.sub("names")),
+        learn_capacity=f.flag("learn_capacity", d.learn_capacity),
     )
     f.done()
     return out

@@ -33,6 +33,7 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
       interval_seconds: 0.5
       timeout_seconds: 0.25
       stale_after_intervals: 4
+      learn_capacity: true
       names:
         running: [vllm:num_requests_running, sglang:num_running_reqs,
                   llamacpp:requests_processing]

@@ -12,6 +12,10 @@ healthy engine's /metrics through the gateway's ``Upstream`` (each within the ti
 once) and hands the report, stamped with the time the scrape was sent, to the routing core's
 ``LoadBook.engine_report``. A failed scrape changes nothing: the last report ages out and the
 router's own figures take over (``router.core.load``).
+
+``parse_capacity`` reads how many tokens an engine's prefix cache holds, where it says so: the
+index then forgets that engine's blocks when the engine does, not at the policy's guess. It
+is read from the first scrape and again every ``CAPACITY_REFRESH_SECONDS``.
 """
 
 from __future__ import annotations
@@ -38,6 +42,17 @@ MAX_BYTES = 4 * 1024 * 1024
 MAX_REQUESTS = 1_000_000
 
 Sink = Callable[[str, EngineReport, float], None]
+# How often an engine's cache size is read again (it changes only when the engine restarts).
+CAPACITY_REFRESH_SECONDS = 60.0
+# Larger is a broken exporter: no engine caches a trillion tokens.
+MAX_CAPACITY_TOKENS = 10**12
+# vLLM's info gauge carries the cache's shape in its labels; SGLang exports the size in
+# tokens, Dynamo's frontend the blocks and their size.
+_VLLM_INFO = "vllm:cache_config_info"
+_SGLANG_TOKENS = "sglang:max_total_num_tokens"
+_DYNAMO_BLOCKS = "dynamo_frontend_model_total_kv_blocks"
+_DYNAMO_BLOCK_SIZE = "dynamo_frontend_model_kv_cache_block_size"
+_CAPACITY_NAMES = frozenset({_VLLM_INFO, _SGLANG_TOKENS, _DYNAMO_BLOCKS, _DYNAMO_BLOCK_SIZE})
 
 
 class MetricsParseError(ValueError):
@@ -111,6 +126,40 @@ def parse_report(body: bytes, names: MetricNames = DEFAULT_NAMES) -> EngineRepor
     )
 
 
+def _label_int(labels: dict[str, str], name: str) -> int | None:
+    value = labels.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def parse_capacity(body: bytes) -> int | None:
+    """The tokens an engine's prefix cache holds, from its /metrics; None when it says not.
+
+    Several samples (data-parallel ranks, each with a cache of its own) add up. Never raises.
+    """
+    text = _wanted_lines(body[:MAX_BYTES].decode("utf-8", "replace"), _CAPACITY_NAMES)
+    tokens = 0
+    per: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == _VLLM_INFO:
+                    size = _label_int(s.labels, "kv_cache_size_tokens")
+                    blocks = _label_int(s.labels, "num_gpu_blocks")
+                    block = _label_int(s.labels, "block_size")
+                    if size is None and blocks is not None and block is not None:
+                        size = blocks * block
+                    tokens += size or 0
+                elif math.isfinite(s.value) and s.value > 0:
+                    per[s.name] = per.get(s.name, 0.0) + s.value
+    except Exception:  # the parser raises assorted types on garbage: no capacity, then
+        return None
+    if not tokens:
+        tokens = int(per.get(_SGLANG_TOKENS, 0))
+    if not tokens and _DYNAMO_BLOCKS in per and _DYNAMO_BLOCK_SIZE in per:
+        tokens = int(per[_DYNAMO_BLOCKS] * per[_DYNAMO_BLOCK_SIZE])
+    return tokens if 0 < tokens <= MAX_CAPACITY_TOKENS else None
+
+
 class EngineMetricsScraper:
     """The loop that scrapes every healthy engine's /metrics into the routing core."""
 
@@ -123,6 +172,7 @@ class EngineMetricsScraper:
         *,
         clock: Callable[[], float] = time.monotonic,
         count: Callable[[str], None] = lambda _result: None,
+        capacity: Callable[[str, int], None] = lambda _url, _tokens: None,
     ) -> None:
         self.cfg = cfg
         self._upstream = upstream
@@ -131,6 +181,8 @@ class EngineMetricsScraper:
         self._clock = clock
         self._count = count  # one call per scrape: ok, error, status or parse_error
         self._failing: set[str] = set()  # engines whose last scrape failed (logged once)
+        self._capacity = capacity  # an engine's cache size, in tokens, when it reports one
+        self._sized: dict[str, float] = {}  # engine -> when its cache size was last read
 
     async def scrape(self, url: str) -> EngineReport | None:
         """Scrape one engine; hand its report to the sink, or count why there is none."""
@@ -151,7 +203,18 @@ class EngineMetricsScraper:
         self._count("ok")
         self._failing.discard(url)
         self._sink(url, report, at)
+        if self.cfg.learn_capacity:
+            self._size(url, body, at)
         return report
+
+    def _size(self, url: str, body: bytes, at: float) -> None:
+        """Read ``url``'s cache size from its scrape, at most every refresh period."""
+        if at - self._sized.get(url, -math.inf) < CAPACITY_REFRESH_SECONDS:
+            return
+        self._sized[url] = at
+        tokens = parse_capacity(body)
+        if tokens is not None:
+            self._capacity(url, tokens)
 
     def _failed(self, url: str, result: str, why: str) -> None:
         self._count(result)
@@ -161,7 +224,10 @@ class EngineMetricsScraper:
         return None
 
     async def scrape_all(self) -> None:
-        await asyncio.gather(*(self.scrape(url) for url in list(self._engines())))
+        urls = list(self._engines())
+        for gone in set(self._sized) - set(urls):
+            del self._sized[gone]  # read again should it come back (a restart may resize it)
+        await asyncio.gather(*(self.scrape(url) for url in urls))
 
     async def run(self) -> None:
         """Scrape every interval, forever (returns at once when disabled)."""

@@ -14,15 +14,18 @@ from router.core.load import EngineReport
 from router.gateway.config.engines import EngineMetricsSettings, MetricNames
 from router.gateway.config.settings import load_config_text
 from router.gateway.fleet.scrape import (
+    CAPACITY_REFRESH_SECONDS,
     MAX_REQUESTS,
     EngineMetricsScraper,
     MetricsParseError,
+    parse_capacity,
     parse_report,
 )
 from router.gossip.clock import ManualClock
 from router.presets import preset_path
 from router.yaml_files import load_policy
 from tests.fakes import FakeEngine, FakeUpstream
+from tests.gateway.integration import ADMIN, ADMIN_ENV
 from tests.support import Proc, http_json, metric, running, start_kvrouter, wait_until
 
 # Written from the engines' documented metric names, in the shape their servers print them.
@@ -183,6 +186,83 @@ def test_config_engine_metrics_section_parsed_and_checked() -> None:
         load_config_text("engine_metrics: {interval: 1}\n", "c.yaml")
 
 
+# -- the engine's cache size -----------------------------------------------------------------
+
+VLLM_INFO = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="661",engine="0"} 1.0\n'
+
+
+@pytest.mark.parametrize(
+    ("body", "tokens"),
+    [
+        pytest.param(VLLM_INFO.encode(), 661 * 16, id="vllm-blocks-by-block-size"),
+        pytest.param(
+            b'vllm:cache_config_info{block_size="16",kv_cache_size_tokens="10576",'
+            b'num_gpu_blocks="661"} 1\n',
+            10576,
+            id="vllm-size-in-tokens-wins",
+        ),
+        pytest.param(
+            (VLLM_INFO + VLLM_INFO.replace('engine="0"', 'engine="1"')).encode(),
+            2 * 661 * 16,
+            id="vllm-data-parallel-ranks-add-up",
+        ),
+        pytest.param(b"sglang:max_total_num_tokens 471258.0\n", 471258, id="sglang"),
+        pytest.param(
+            b'dynamo_frontend_model_total_kv_blocks{model="m"} 800\n'
+            b'dynamo_frontend_model_kv_cache_block_size{model="m"} 16\n',
+            12800,
+            id="dynamo-frontend",
+        ),
+        pytest.param(VLLM, None, id="no-size-series"),
+        pytest.param(b'vllm:cache_config_info{num_gpu_blocks="None"} 1\n', None, id="vllm-unset"),
+        pytest.param(b"sglang:max_total_num_tokens 1e15\n", None, id="nonsense-size"),
+        pytest.param(b"\x00\xff{{{ not metrics", None, id="garbage"),
+    ],
+)
+def test_parse_capacity_reads_what_each_engine_exports(body: bytes, tokens: int | None) -> None:
+    assert parse_capacity(body) == tokens
+
+
+@given(st.binary(max_size=512))
+def test_parse_capacity_any_bytes_a_size_or_none(body: bytes) -> None:
+    got = parse_capacity(body)
+    assert got is None or got > 0
+
+
+async def test_scraper_learns_each_engines_cache_size_and_reads_it_again_later() -> None:
+    clock = ManualClock(10.0)
+    core = RoutingCore(load_policy(preset_path("kv-aware")))
+    core.set_engines({A: 1, B: 1})
+    a = FakeEngine(A, metrics=(200, VLLM + VLLM_INFO.encode()))
+    up = FakeUpstream(a, FakeEngine(B, metrics=(200, VLLM)))
+    sized: list[tuple[str, int]] = []
+
+    def size(url: str, tokens: int) -> None:
+        sized.append((url, tokens))
+        core.engine_capacity(url, tokens)
+
+    scraper = EngineMetricsScraper(
+        EngineMetricsSettings(), up, lambda: [A, B], core.loads.engine_report,
+        clock=clock, capacity=size,
+    )  # fmt: skip
+    await scraper.scrape_all()
+    await scraper.scrape_all()  # within the refresh period: not read again
+    assert sized == [(A, 661 * 16)]
+    block_tokens = core.policy.block_tokens
+    assert core.index.capacity_blocks(A) == 661 * 16 // block_tokens
+    assert core.index.capacity_blocks(B) == core.policy.engine_capacity_blocks  # the policy's
+    a.metrics = (200, VLLM + VLLM_INFO.replace("661", "1322").encode())  # restarted, larger
+    await clock.advance(CAPACITY_REFRESH_SECONDS)
+    await scraper.scrape_all()
+    assert sized[-1] == (A, 1322 * 16)
+    off = EngineMetricsScraper(
+        EngineMetricsSettings(learn_capacity=False), up, lambda: [A], core.loads.engine_report,
+        clock=clock, capacity=size,
+    )  # fmt: skip
+    await off.scrape_all()
+    assert len(sized) == 2
+
+
 # -- the scraper -----------------------------------------------------------------------------
 
 A, B = "http://a:1", "http://b:1"
@@ -281,4 +361,32 @@ def test_live_engine_reporting_50_waiting_gets_nothing_new_while_peers_are_free(
             if _stats(busy)["requests"]:
                 break
         assert _stats(busy)["requests"] > 0
+        assert router.stop() == 0
+
+
+@pytest.mark.integration
+def test_live_index_capacity_is_each_engines_own(tmp_path: Path) -> None:
+    with running([]) as procs:
+        sizes = (8192, 32768)
+        engines = [
+            start_kvrouter(["engine-sim", "--fast", "--kv-capacity-tokens", str(n)], tmp_path)
+            for n in sizes
+        ]
+        procs.extend(engines)
+        config = tmp_path / "serve.yaml"
+        config.write_text(LIVE_CONFIG)
+        args = ["serve", "--config", str(config), "--host", "127.0.0.1"]
+        for e in engines:
+            args += ["--engine", e.url]
+        router = start_kvrouter(args, tmp_path, ready_path="/ready", env=ADMIN_ENV)
+        procs.append(router)
+        block_tokens = load_policy(preset_path("kv-aware")).block_tokens
+
+        def capacities() -> list[int]:
+            backends = http_json(f"{router.url}/debug/backends", headers=ADMIN)["backends"]
+            by_url = {b["url"]: b["index_capacity_blocks"] for b in backends}
+            return [by_url[e.url] for e in engines]
+
+        wanted = [n // block_tokens for n in sizes]
+        wait_until(lambda: capacities() == wanted, "each engine's own cache size in the index")
         assert router.stop() == 0
