@@ -7,6 +7,8 @@
 - ``relay``: how an engine's answer reaches the client: the streamed relay and the held one
   (non-streamed answers held only while small), side by side.
 - ``headers``: which headers cross each way, and the ``usage`` read from answers.
+- ``engine_errors``: an engine's error body reduced to what a client may see (its message,
+  never a traceback, a path or an internal name).
 - ``deadline``: the one timer behind an attempt's waits: the first byte, then each read.
 
 It imports only router.gateway.openai from the rest of the gateway.
