@@ -43,6 +43,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -58,7 +59,7 @@ import orjson
 from tokenizers import Tokenizer
 
 from bench.common import CHAT, Streamed, markdown_table, read_stream
-from router.commands.fleet import Proc, metric_in, running, start_ready, wait_until
+from router.commands.fleet import Proc, running, start_ready, wait_until
 from router.core.stats import percentile
 from router.core.workload import SyntheticSpec, synthetic
 from router.enginesim.model_files import CHATML, write_tokenizer
@@ -295,11 +296,12 @@ def main() -> None:
             with running([]) as procs:
                 dyn = Dynamo(args.dynamo_python, tmp, model, blocks, args.mocker_speedup, procs)
                 store = tmp / f"kv-dynamo-{n}"
-                for i in range(args.engines):
-                    dyn.mocker(store, f"dynamo-{n}-mocker-{i}")
+                mockers = [dyn.mocker(store, f"dynamo-{n}-mocker-{i}") for i in range(args.engines)]
+                for m in mockers:  # registered before the frontend reads who serves the model
+                    wait_until(partial(_registered, m), f"{m.name} registered", STARTUP_SECONDS)
                 front = dyn.frontend(store, f"dynamo-{n}-frontend", mode, flags)
-                every = partial(_knows_blocks, front, blocks * args.engines)
-                wait_until(every, "every mocker known", 60)
+                every = partial(_knows_workers, front, mode, args.engines)
+                wait_until(every, "every mocker known", STARTUP_SECONDS)
                 results = asyncio.run(replay(front.url, bodies, times, sessions, args.speedup))
                 rows.append(summary(label, results, ideal))
                 print(markdown_table(_HEAD, rows[-1:]), flush=True)
@@ -313,7 +315,8 @@ def main() -> None:
                 for i in range(args.engines):
                     store = tmp / f"kv-{index}-engine-{i}"
                     ports = (free_port(), free_port()) if index == "precise" else None
-                    dyn.mocker(store, f"{index}-engine-{i}-mocker", ports)
+                    mocker = dyn.mocker(store, f"{index}-engine-{i}-mocker", ports)
+                    wait_until(partial(_registered, mocker), "registered", STARTUP_SECONDS)
                     engines.append(
                         dyn.frontend(store, f"{index}-engine-{i}-frontend", "round-robin")
                     )
@@ -341,11 +344,21 @@ def main() -> None:
 _HEAD = ["router", "hit ratio", "/ ideal", "TTFT p50", "TTFT p99", "failed"]
 
 
-def _knows_blocks(front: Proc, n: int) -> bool:
-    """Whether the frontend counts ``n`` KV blocks over its workers: every mocker joined."""
-    with urllib.request.urlopen(f"{front.url}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return metric_in(text, "dynamo_frontend_model_total_kv_blocks") >= n
+def _registered(mocker: Proc) -> bool:
+    """Whether the mocker serves its generate endpoint yet (its log says so)."""
+    if mocker.popen.poll() is not None:
+        raise RuntimeError(f"{mocker.name} exited; see {mocker.log_path}")
+    return "Registered endpoint 'dynamo.backend.generate'" in mocker.log_path.read_text(
+        errors="replace"
+    )
+
+
+def _knows_workers(front: Proc, mode: str, n: int) -> bool:
+    """Whether ``n`` mockers joined the frontend's model (and, in kv mode, its KV router):
+    its log says so."""
+    log = front.log_path.read_text(errors="replace")
+    members = max((int(m) for m in re.findall(r"members=(\d+)", log)), default=0)
+    return members >= n and (mode != "kv" or log.count("Adding worker") >= n)
 
 
 def _policy_with_capacity(preset: str, tokens: int) -> str:
