@@ -104,8 +104,28 @@ class Engine:
         return self.health.state is State.HEALTHY
 
 
+# What of an engine's model card clients see: OpenAI's fields, and the context length (vLLM,
+# SGLang). The rest (vLLM's root, the weights' path; permissions) is the engines' business.
+CARD_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "id": str,
+    "object": str,
+    "created": int,
+    "owned_by": str,
+    "max_model_len": int,
+}
+
+
+def public_card(card: dict[str, Any]) -> dict[str, Any]:
+    """``card`` with only the ``CARD_FIELDS`` of the right type."""
+    return {
+        k: v
+        for k, v in card.items()
+        if k in CARD_FIELDS and isinstance(v, CARD_FIELDS[k]) and not isinstance(v, bool)
+    }
+
+
 def parse_models(body: bytes) -> dict[str, dict[str, Any]]:
-    """An OpenAI model list -> {model id: its card}; raises ``ValueError`` saying why."""
+    """An OpenAI model list -> {model id: its public card}; raises ``ValueError`` saying why."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as e:
@@ -116,7 +136,7 @@ def parse_models(body: bytes) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for card in items:
         if isinstance(card, dict) and isinstance(card.get("id"), str) and card["id"]:
-            out[card["id"]] = card
+            out[card["id"]] = public_card(card)
     return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import orjson
 import pytest
 
 from router.core.decision import RoutingCore
@@ -268,3 +269,27 @@ def test_parse_models_skips_cards_without_id() -> None:
 
 async def test_resolve_dns_localhost_has_loopback() -> None:
     assert "127.0.0.1" in await resolve_dns("localhost", 8000)
+
+
+def test_parse_models_keeps_only_the_public_fields_of_each_card() -> None:
+    vllm_card = {
+        "id": "llama",
+        "object": "model",
+        "created": 1700000000,
+        "owned_by": "vllm",
+        "root": "/srv/models/llama-3-70b-instruct",
+        "parent": None,
+        "max_model_len": 8192,
+        "permission": [{"id": "modelperm-1", "allow_sampling": True}],
+        "created_by": True,  # a field of the right name and the wrong type goes too
+    }
+    body = orjson.dumps({"object": "list", "data": [vllm_card, {**vllm_card, "id": "m2"}]})
+    cards = parse_models(body)
+    assert cards["llama"] == {
+        "id": "llama",
+        "object": "model",
+        "created": 1700000000,
+        "owned_by": "vllm",
+        "max_model_len": 8192,
+    }
+    assert "/srv" not in orjson.dumps(cards).decode()
