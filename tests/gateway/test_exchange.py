@@ -122,11 +122,13 @@ async def test_exchange_repeated_prefix_same_backend_overlap_recorded(tmp_path: 
         assert await r.metric("kvrouter_index_blocks") > 0
 
 
-async def test_sse_headers_from_engine_relayed(tmp_path: Path) -> None:
+async def test_sse_headers_from_engine_relayed_only_the_allowed(tmp_path: Path) -> None:
     async with rig(tmp_path) as r:
-        r.up.next(stream_script(headers={**SSE, "X-Engine": "a", "Connection": "close"}))
+        extra = {"x-ratelimit-limit-requests": "60", "X-Engine": "a", "Connection": "close"}
+        r.up.next(stream_script(headers={**SSE, **extra}))
         async with r.client.post(CHAT, json=chat(stream=True)) as resp:
-            assert resp.headers["X-Engine"] == "a"
+            assert resp.headers["x-ratelimit-limit-requests"] == "60"
+            assert "X-Engine" not in resp.headers  # an engine's own header stays inside
             assert resp.headers.get("Connection", "").lower() != "close"
             await resp.read()
 

@@ -41,7 +41,11 @@ _NOT_TO_ENGINE = HOP_BY_HOP | {
     "expect",
     "content-encoding",
 }
-_NOT_TO_CLIENT = HOP_BY_HOP | {"content-length", "date", "server"}
+# What of an engine's response headers a client gets, on every answer, errors included: how to
+# read the body, when to come back, the rate limits it is under. Anything else (Set-Cookie,
+# X-Internal-*, Server, an engine's own version and host names) stays here.
+TO_CLIENT = frozenset({"content-type", "cache-control", "retry-after", "x-request-id"})
+TO_CLIENT_PREFIXES = ("x-ratelimit-", "openai-", "anthropic-ratelimit-")
 
 # Bytes kept from the end of a stream to find its final usage event in.
 USAGE_TAIL_BYTES = 16 * 1024
@@ -114,11 +118,18 @@ def engine_headers(
     return out
 
 
+def _to_client(name: str) -> bool:
+    low = name.lower()
+    return low in TO_CLIENT or low.startswith(TO_CLIENT_PREFIXES)
+
+
 def client_headers(headers: MultiMapping[str]) -> CIMultiDict[str]:
-    """The engine's response headers as the client gets them (repeated ones kept)."""
+    """The engine's response headers a client gets: only ``TO_CLIENT`` and the
+    ``TO_CLIENT_PREFIXES`` (repeated ones kept), never one the engine's Connection names."""
     named = _connection_named(headers)
-    drop = _NOT_TO_CLIENT | named if named else _NOT_TO_CLIENT
-    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
+    return CIMultiDict(
+        [(k, v) for k, v in headers.items() if _to_client(k) and k.lower() not in named]
+    )
 
 
 def usage_counts(usage: Any) -> tuple[int, int] | None:

@@ -153,5 +153,24 @@ def test_client_headers_drop_hop_by_hop_and_length() -> None:
 
 
 def test_client_headers_repeated_kept() -> None:
-    h = CIMultiDict([("Set-Cookie", "a=1"), ("Set-Cookie", "b=2")])
-    assert client_headers(h).getall("Set-Cookie") == ["a=1", "b=2"]
+    h = CIMultiDict([("Cache-Control", "no-cache"), ("Cache-Control", "no-store")])
+    assert client_headers(h).getall("Cache-Control") == ["no-cache", "no-store"]
+
+
+def test_client_headers_only_the_allowed_leave() -> None:
+    h = CIMultiDict(
+        [
+            ("Content-Type", "application/json"),
+            ("Retry-After", "3"),
+            ("x-ratelimit-remaining-requests", "9"),
+            ("Set-Cookie", "engine-session=abc"),
+            ("X-Internal-Node", "gpu-17.cluster.local"),
+            ("Server", "uvicorn"),
+            ("X-Powered-By", "vllm 0.32"),
+        ]
+    )
+    assert dict(client_headers(h)) == {
+        "Content-Type": "application/json",
+        "Retry-After": "3",
+        "x-ratelimit-remaining-requests": "9",
+    }
