@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import aiohttp
 import orjson
@@ -228,6 +229,54 @@ async def read_stream(http: aiohttp.ClientSession, url: str, data: bytes) -> Str
                     out.first = time.perf_counter() - t0
                 if '"usage"' in ev.data:
                     out.usage = usage_counts(orjson.loads(ev.data).get("usage"))
+    return out
+
+
+async def replay_conversations(
+    url: str,
+    bodies: Sequence[Mapping[str, Any]],
+    times: Sequence[float],
+    sessions: Sequence[str | None],
+    speedup: float,
+) -> list[Streamed | None]:
+    """Every body at its time / ``speedup``, streamed, its usage asked for; a conversation's
+    turn waits for the one before (``sessions`` names each body's conversation)."""
+    out: list[Streamed | None] = [None] * len(bodies)
+    previous: dict[str, asyncio.Event] = {}
+    timeout = aiohttp.ClientTimeout(total=600)
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as http:
+        t0 = time.perf_counter()
+
+        async def one(i: int, body: Mapping[str, Any], before: asyncio.Event | None) -> None:
+            try:
+                await asyncio.sleep(max(0.0, t0 + times[i] / speedup - time.perf_counter()))
+                if before is not None:
+                    await before.wait()
+                data = orjson.dumps(
+                    {**body, "stream": True, "stream_options": {"include_usage": True}}
+                )
+                out[i] = await read_stream(http, url + CHAT, data)
+            except (aiohttp.ClientError, TimeoutError):
+                out[i] = None
+
+        tasks = []
+        for i, body in enumerate(bodies):
+            conv = sessions[i] or f"request-{i}"
+            before = previous.get(conv)
+            ev = asyncio.Event()
+            previous[conv] = ev
+
+            async def chained(i: int = i, body: Mapping[str, Any] = body,
+                              before: asyncio.Event | None = before,
+                              ev: asyncio.Event = ev) -> None:  # fmt: skip
+                try:
+                    await one(i, body, before)
+                finally:
+                    ev.set()
+
+            tasks.append(asyncio.ensure_future(chained()))
+        await asyncio.gather(*tasks)
     return out
 
 

@@ -46,7 +46,6 @@ import os
 import re
 import subprocess
 import tempfile
-import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -54,11 +53,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import orjson
 from tokenizers import Tokenizer
 
-from bench.common import CHAT, Streamed, markdown_table, read_stream
+from bench.common import Streamed, markdown_table, replay_conversations
 from router.commands.fleet import Proc, running, start_ready, wait_until
 from router.core.stats import percentile
 from router.core.workload import SyntheticSpec, synthetic
@@ -169,53 +166,6 @@ def _serves(proc: Proc) -> bool:
         return False
 
 
-async def replay(
-    url: str,
-    bodies: Sequence[Mapping[str, Any]],
-    times: Sequence[float],
-    sessions: Sequence[str | None],
-    speedup: float,
-) -> list[Streamed | None]:
-    """Every body at its time / ``speedup``; a conversation's turn waits for the one before."""
-    out: list[Streamed | None] = [None] * len(bodies)
-    previous: dict[str, asyncio.Event] = {}
-    timeout = aiohttp.ClientTimeout(total=600)
-    conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as http:
-        t0 = time.perf_counter()
-
-        async def one(i: int, body: Mapping[str, Any], before: asyncio.Event | None) -> None:
-            try:
-                await asyncio.sleep(max(0.0, t0 + times[i] / speedup - time.perf_counter()))
-                if before is not None:
-                    await before.wait()
-                data = orjson.dumps(
-                    {**body, "stream": True, "stream_options": {"include_usage": True}}
-                )
-                out[i] = await read_stream(http, url + CHAT, data)
-            except (aiohttp.ClientError, TimeoutError):
-                out[i] = None
-
-        tasks = []
-        for i, body in enumerate(bodies):
-            conv = sessions[i] or f"request-{i}"
-            before = previous.get(conv)
-            ev = asyncio.Event()
-            previous[conv] = ev
-
-            async def chained(i: int = i, body: Mapping[str, Any] = body,
-                              before: asyncio.Event | None = before,
-                              ev: asyncio.Event = ev) -> None:  # fmt: skip
-                try:
-                    await one(i, body, before)
-                finally:
-                    ev.set()
-
-            tasks.append(asyncio.ensure_future(chained()))
-        await asyncio.gather(*tasks)
-    return out
-
-
 def summary(label: str, results: Sequence[Streamed | None], ideal: float) -> list[str]:
     ok = [r for r in results if r is not None and r.status == 200 and r.done]
     prompt = sum(r.usage[0] for r in ok if r.usage)
@@ -302,7 +252,9 @@ def main() -> None:
                 front = dyn.frontend(store, f"dynamo-{n}-frontend", mode, flags)
                 every = partial(_knows_workers, front, mode, args.engines)
                 wait_until(every, "every mocker known", STARTUP_SECONDS)
-                results = asyncio.run(replay(front.url, bodies, times, sessions, args.speedup))
+                results = asyncio.run(
+                    replay_conversations(front.url, bodies, times, sessions, args.speedup)
+                )
                 rows.append(summary(label, results, ideal))
                 print(markdown_table(_HEAD, rows[-1:]), flush=True)
         variants = [("round-robin", "approximate"), ("kv-aware", "approximate")]
@@ -334,7 +286,9 @@ def main() -> None:
                     cmd += ["--tokenizer", str(model)]
                 router = start_ready(cmd, tmp, ready_path="/ready")
                 procs.append(router)
-                results = asyncio.run(replay(router.url, bodies, times, sessions, args.speedup))
+                results = asyncio.run(
+                    replay_conversations(router.url, bodies, times, sessions, args.speedup)
+                )
                 rows.append(summary(f"kvrouter {preset}, {index}", results, ideal))
                 print(markdown_table(_HEAD, rows[-1:]), flush=True)
         print()
