@@ -208,6 +208,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        await app[GATEWAY].aborts.close()
         await app[GATEWAY].upstream.close()
         tokenizer = app[GATEWAY].tokenizer
         if tokenizer is not None:

@@ -19,7 +19,8 @@ OpenAI-style error event and a clean close. Any other answer is read whole first
 still be retried, and its ``usage`` read) and sent in one piece. Both relays are
 router.gateway.upstream.relay's; the exchange counts how each ended (``_streamed``,
 ``_settle``), and every failed attempt in one place (``_failed``). A client that disconnects
-cancels the handler: the engine's connection is closed at once, which stops its generation.
+cancels the handler: the engine's connection is closed at once, which stops its generation,
+and an engine that takes an abort is sent one (router.gateway.upstream.abort).
 
 Requests go only to an engine's base URL (from config or DNS) plus the fixed API path of the
 route; nothing in a request (path, query string, headers) chooses where it is sent.
@@ -251,11 +252,13 @@ class Exchange:
         finished = False  # the body was read to its end: the connection can be reused
         deadline = Deadline(min(first_byte, s.timeouts.idle_stream_seconds))
         s.drain.watch(deadline)
+        payload, rid = s.aborts.tag(engine, self.route, raw, self.id)
+        gone = False  # the client left (or the engine never started answering) mid-attempt
         try:
             deadline.start(first_byte)
             try:
                 resp = await s.upstream.send(
-                    UpstreamRequest(engine, self.route, tuple(headers), raw)
+                    UpstreamRequest(engine, self.route, tuple(headers), payload)
                 )
                 first = await resp.read_chunk()
             except asyncio.CancelledError:
@@ -294,6 +297,9 @@ class Exchange:
             finished = answer.complete
             self._settle(engine, resp.status, answer)
             return answer.response
+        except (asyncio.CancelledError, FirstByteTimeout):
+            gone = True
+            raise
         finally:
             deadline.close()
             s.drain.forget(deadline)
@@ -302,6 +308,9 @@ class Exchange:
                     resp.release()
                 else:
                     resp.abort()
+            # Closing the connection stopped the engine; one that takes an abort gets it too.
+            if rid is not None and not finished and (gone or self.status == CLIENT_GONE):
+                s.aborts.send(engine, rid)
 
     def _failed(self, engine: str, error: UpstreamError, *, blame: bool = True) -> None:
         """Count a failed attempt at ``engine``, and against its health unless not ``blame``."""

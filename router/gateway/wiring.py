@@ -45,6 +45,7 @@ from router.gateway.precise.kv_events import EventMetrics, Subscriber
 from router.gateway.precise.tokenize import Tokenizer
 from router.gateway.replicas.delegate import run_origin
 from router.gateway.runtime.drain import Drain
+from router.gateway.upstream.abort import Aborts
 from router.gateway.upstream.client import HttpUpstream, Upstream
 from router.gateway.upstream.relay import HoldBudget
 from router.local_tokenizer import configured
@@ -85,6 +86,8 @@ class Services:
     # What non-streamed answers held until their end may take together
     # (router.gateway.upstream.relay).
     holds: HoldBudget = field(default_factory=HoldBudget)
+    # Aborts for engines that take one when a client leaves (router.gateway.upstream.abort).
+    aborts: Aborts = field(default_factory=Aborts)
 
 
 class Gateway:
@@ -143,6 +146,11 @@ class Gateway:
                 engine_reports=self._engine_reports,
                 queue_depth=lambda: self.admission.depth(),
             )
+        )
+        self.aborts = Aborts(
+            self.upstream,
+            config.engines.kind_of,
+            lambda result: self.metrics.engine_aborts.labels(result).inc(),
         )
         self.pool = EnginePool(
             config.engines,
@@ -213,6 +221,7 @@ class Gateway:
             bodies=self.bodies,
             tokenize=self.tokenizer,
             drain=self.drain,
+            aborts=self.aborts,
         )
 
     def _healthy(self) -> Mapping[str, bool]:

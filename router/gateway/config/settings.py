@@ -7,9 +7,10 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
     policy: kv-aware                             # a preset name, or a policy file
     policy_reload: {enabled: true, interval_seconds: 2}
     engines:                                     # or ``backends``, the released spelling
-      static: []                        # URLs, or {url: URL, api_key_env: NAME} entries
+      static: []                        # URLs, or {url: URL, api_key_env: NAME,
+                                        #   kind: vllm | sglang} entries
       dns: {name: "", port: 8000, scheme: http,  # name: a headless Service's DNS name
-            interval_seconds: 10, api_key_env: ""}
+            interval_seconds: 10, api_key_env: "", kind: vllm}
       models_refresh_seconds: 30
       api_key_env: ""                          # the variable holding the engines' API key
       kv_events: {port: 0, replay_port: 0, topic: "", tokenizer: engine,

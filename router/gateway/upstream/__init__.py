@@ -8,6 +8,8 @@
   (non-streamed answers held only while small), side by side.
 - ``headers``: which headers cross each way, and the ``usage`` read from answers.
 - ``deadline``: the one timer behind an attempt's waits: the first byte, then each read.
+- ``abort``: telling an engine that a request's client has gone, where a closed connection
+  is not enough (SGLang's abort by rid).
 
 It imports only router.gateway.openai from the rest of the gateway.
 """
