@@ -1,7 +1,8 @@
 """One request's life in the gateway, in one place: the exchange.
 
-    read body -> parse -> admission (router.gateway.inbound.admission: wait, bounded, while the
-    fleet is full) -> decide -> for each engine of the plan (at most ``max_attempts``):
+    read body -> parse (its model alias rewritten, router.gateway.config.models) -> admission
+    (router.gateway.inbound.admission: wait, bounded, while the fleet is full) -> decide ->
+    for each engine of the plan (at most ``max_attempts``):
         acquire -> send -> first byte
             5xx, timeout, broken: release, try the next engine
             200: record the prefix for this engine, publish the delta -> relay -> release
@@ -128,7 +129,7 @@ class Exchange:
     async def _serve(self) -> web.StreamResponse:
         s = self.s
         raw = await read_body(self.request, s.limits.max_body_bytes)
-        inbound = await s.bodies.parse(raw, self.route)
+        inbound, raw = s.aliases().rewrite(await s.bodies.parse(raw, self.route), raw)
         # Flow control: wait here (bounded) while every engine that could serve it is full.
         rules = s.admission.rules
         await s.admission.enter(

@@ -85,7 +85,7 @@ def test_config_chart_shape_equals_defaults_but_engines() -> None:
 
 # Not keys of their own: filled from the {url, api_key_env} entries of engines.static, and the
 # spelling the file gave the section.
-DERIVED = {"engines.static_key_envs", "engines.static_kinds", "engines.section"}
+DERIVED = {"engines.static_key_envs", "engines.static_kinds", "engines.section", "source"}
 
 
 def documented_example() -> Any:
