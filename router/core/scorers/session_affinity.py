@@ -121,7 +121,7 @@ def _agent_field(body: Mapping[str, Any]) -> str | None:
         return sid
     for name in AGENT_FIELDS:
         v = body.get(name)
-        if isinstance(v, Mapping):  # Responses: "conversation": {"id": "conv_..."}
+        if name == "conversation" and isinstance(v, Mapping):  # Responses: {"id": "conv_..."}
             v = v.get("id")
         if (text := _text(v)) is not None:
             return text

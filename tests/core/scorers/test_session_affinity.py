@@ -6,6 +6,8 @@ import re
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from router.core.decision import RoutingCore
 from router.core.policy import PolicyError, load_policy_text
@@ -232,3 +234,36 @@ def test_policy_extra_headers_read_in_lower_case_and_checked() -> None:
             load_policy_text(
                 f"name: t\nscorers: [{{type: session-affinity, weight: 1, {bad}}}]\n", "t"
             )
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_fields = st.sampled_from(
+    ["user", "metadata", "prompt_cache_key", "conversation", "session_id", "litellm_session_id"]
+)
+
+
+@given(
+    headers=st.dictionaries(
+        st.sampled_from(["x-session-id", "session_id", "x-claude-code-session-id", "x"]),
+        st.text(max_size=20),
+        max_size=4,
+    ),
+    body=st.dictionaries(_fields | st.text(max_size=8), _json, max_size=6),
+    user_id=st.text(max_size=40)
+    | st.builds(lambda s: '{"session_id": ' + s + "}", st.text(max_size=20)),
+)
+def test_session_of_any_request_is_a_key_or_none_never_an_error(
+    headers: dict[str, str], body: dict[str, Any], user_id: str
+) -> None:
+    for b in (body, {**body, "metadata": {"user_id": user_id}}):
+        value = session_value(Params(), headers, b)
+        assert value is None or (isinstance(value, str) and value)
+        # What a body parsed light keeps (its scalars and session_fields) names the same.
+        light = {k: v for k, v in b.items() if not isinstance(v, dict | list)}
+        assert session_value(Params(), headers, light | session_fields(b)) == value
