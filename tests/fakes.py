@@ -128,6 +128,8 @@ class FakeEngine:
     metrics: tuple[int, bytes] = (404, b"")  # what GET /metrics answers
     scripts: deque[Script] = field(default_factory=deque)
     requests: list[UpstreamRequest] = field(default_factory=list)
+    fetched: list[tuple[str, bytes]] = field(default_factory=list)  # POSTs by fetch: path, body
+    hang_fetch: bool = False  # a POST by fetch never answers (until the caller gives up)
 
     def answer(self, request: UpstreamRequest) -> Script:
         if self.scripts:
@@ -189,6 +191,11 @@ class FakeUpstream:
             raise UpstreamConnectError(f"cannot connect to {engine} (fake)")
         if fake.down:
             raise UpstreamTimeout(f"GET {engine}{path} timed out after {seconds:g}s (fake)")
+        if body is not None:
+            fake.fetched.append((path, body))
+            if fake.hang_fetch:
+                await asyncio.Event().wait()
+            return 200, b""
         if path == "/v1/models":
             cards = [{"id": m, "object": "model", "owned_by": "fake"} for m in fake.models]
             return 200, orjson.dumps({"object": "list", "data": cards})

@@ -16,6 +16,8 @@ Modules, from the request inwards:
   the pending fault.
 - ``responses``: generation streams and bodies, embeddings and the model list, as vLLM shapes
   them.
+- ``cancel``: what stops a request before its end (a closed connection, SGLang's abort by
+  rid), and the tokens generated after the client left.
 - ``metrics``: vLLM's metric names for ``/metrics``.
 - ``kv_publisher``: the prefix cache's stores and evictions published as vLLM's KV cache
   events, with replay.

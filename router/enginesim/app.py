@@ -4,7 +4,9 @@ Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/m
 /health, /metrics (vLLM's names, ``router.enginesim.metrics``), /stats (JSON counters);
 POST /reset (empty the cache, the clock and the counters); POST /fault (below); POST /tokenize
 (vLLM's shape: ``{"model", "prompt"}`` or ``{"model", "messages", ...}`` answers
-``{"tokens": [...], "count": N, "max_model_len": M}``, the ids of ``tokens.token_ids``).
+``{"tokens": [...], "count": N, "max_model_len": M}``, the ids of ``tokens.token_ids``);
+POST /abort_request (SGLang's: ``{"rid": ...}`` or ``{"abort_all": true}``; what a closed
+connection and an abort stop is ``router.enginesim.cancel``'s).
 
 With ``SimSettings.events`` the prefix cache publishes its KV cache events as vLLM does
 (``router.enginesim.kv_publisher``): every admission's stored and evicted blocks, and
@@ -57,12 +59,14 @@ from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from router import hostport
+from router.enginesim.cancel import Runs
 from router.enginesim.engine import Engine, SimSettings, Ticket
 from router.enginesim.kv_publisher import CacheEvents, Publisher
 from router.enginesim.metrics import registry_for
 from router.enginesim.requests import (
     EMBEDDINGS,
     Endpoint,
+    parse_abort,
     parse_embedding,
     parse_fault,
     parse_generation,
@@ -91,6 +95,7 @@ DROP_AFTER_TOKENS = 2
 SHUTDOWN_GRACE_SECONDS = 2.0
 
 ENGINE = web.AppKey("engine", Engine)
+RUNS = web.AppKey("runs", Runs)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 EVENTS = web.AppKey("events", CacheEvents)
 PUBLISHER = web.AppKey("publisher", Publisher)
@@ -209,13 +214,22 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         # Right after admission, with no await between: events leave in cache order.
         ids = functools.partial(token_ids, gen.text)
         request.app[PUBLISHER].publish(events.admitted(gen.keys, ids, engine.now()))
+    runs = request.app[RUNS]
+    rid = gen.rid or request.headers.get("X-Request-Id") or ""
+    run = runs.start(rid, ticket, gen.max_tokens, gen.choices, functools.partial(_abort, request))
     try:
         reply = Reply(gen, engine.settings.model, ticket.cached)
         if gen.stream:
             return await _stream(request, engine, reply, ticket, drop)
         return await _answer(request, engine, reply, ticket, drop)
+    except asyncio.CancelledError:
+        runs.left(run)
+        raise
     finally:
-        engine.release(ticket)
+        transport = request.transport
+        if not drop and (transport is None or transport.is_closing()):
+            runs.left(run)  # a write found the client gone
+        runs.finish(run)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -307,6 +321,13 @@ async def extra_load(request: web.Request) -> web.Response:
     return _json({"waiting": waiting})
 
 
+async def abort_request(request: web.Request) -> web.Response:
+    """POST /abort_request: stop the requests of a rid, SGLang's way (router.enginesim.cancel)."""
+    rid = parse_abort(await request.read())
+    request.app[RUNS].abort(rid)
+    return web.Response()
+
+
 async def fault(request: web.Request) -> web.Response:
     """POST /fault: arm or clear an injected fault (a test hook, see the module docstring)."""
     engine = request.app[ENGINE]
@@ -337,6 +358,8 @@ def build_app(settings: SimSettings) -> web.Application:
     engine = Engine(settings)
     app[ENGINE] = engine
     app[REGISTRY] = registry_for(engine)
+    app[RUNS] = Runs(engine)
+    app.on_cleanup.append(_end_runs)
     if settings.events is not None:
         spec = settings.spec
         app[EVENTS] = CacheEvents(
@@ -360,9 +383,14 @@ def build_app(settings: SimSettings) -> web.Application:
             web.post("/fault", fault),
             web.post("/load", extra_load),
             web.post("/tokenize", tokenize),
+            web.post("/abort_request", abort_request),
         ]
     )
     return app
+
+
+async def _end_runs(app: web.Application) -> None:
+    app[RUNS].close()
 
 
 async def _publisher_ctx(app: web.Application) -> AsyncIterator[None]:

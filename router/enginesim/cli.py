@@ -17,7 +17,7 @@ from router import hostport
 from router.core.blocks import CHARS_PER_TOKEN
 from router.core.engine_model import EngineSpec
 from router.enginesim.app import serving
-from router.enginesim.engine import DEFAULT_MODEL, SimSettings
+from router.enginesim.engine import DEFAULT_MODEL, ENGINE_KINDS, SimSettings
 from router.enginesim.kv_publisher import ENCODINGS, HASH_KINDS, EventSettings
 from router.eventloop import loop_factory
 from router.hostport import LOOPBACK
@@ -50,6 +50,7 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
         events=events,
         api_key=args.api_key,
         tokenizer=LocalTokenizer.load(args.tokenizer) if args.tokenizer else None,
+        kind=args.kind,
     )
 
 
@@ -121,6 +122,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests decoded at once (default: %(default)s)",
     )
     add("--fast", action="store_true", help="no delays; the cache and stats still work")
+    add(
+        "--kind",
+        choices=ENGINE_KINDS,
+        default="vllm",
+        help="vllm: a closed connection stops its request; sglang: only POST /abort_request "
+        "(or the request's end) does (default: %(default)s)",
+    )
     add(
         "--api-key",
         default="",

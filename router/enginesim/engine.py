@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "sim-model"
 
+# How the engine learns a client has gone (router.enginesim.cancel).
+EngineKind = Literal["vllm", "sglang"]
+ENGINE_KINDS: tuple[EngineKind, ...] = ("vllm", "sglang")
+
 FaultMode = Literal["status", "hang", "drop-mid-stream"]
 FAULT_MODES: tuple[FaultMode, ...] = ("status", "hang", "drop-mid-stream")
 
@@ -43,6 +47,8 @@ class SimSettings:
     api_key: str = ""
     # A model's tokenizer: prompts are its ids (router.enginesim.tokens); None: text pieces.
     tokenizer: LocalTokenizer | None = None
+    # vllm: a closed connection stops a request; sglang: only its abort (or its end) does.
+    kind: EngineKind = "vllm"
 
 
 @dataclass(slots=True)
@@ -54,6 +60,10 @@ class Counters:
     cached_tokens: int = 0
     completion_tokens: int = 0
     tokenize_requests: int = 0  # POST /tokenize calls: a router's round trips for token ids
+    # Tokens generated after the request's connection closed (router.enginesim.cancel).
+    tokens_after_disconnect: int = 0
+    aborted: int = 0  # requests stopped by POST /abort_request
+    disconnected: int = 0  # requests whose connection closed before their end
 
 
 @dataclass(slots=True)
@@ -178,6 +188,10 @@ class Engine:
             "cached_tokens": c.cached_tokens,
             "completion_tokens": c.completion_tokens,
             "tokenize_requests": c.tokenize_requests,
+            "tokens_after_disconnect": c.tokens_after_disconnect,
+            "aborted": c.aborted,
+            "disconnected": c.disconnected,
+            "kind": self.settings.kind,
             "cache_hit_ratio": c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
             "running": running,
             "waiting": waiting,

@@ -5,8 +5,9 @@ The body is parsed, and its prompt canonicalised, by the gateway's own
 is one of the gateway's error classes (``router.gateway.openai.errors``), which the app renders in
 vLLM's dialect. On top of that come the fields only an engine reads: ``stream_options``,
 ``max_tokens`` (``max_completion_tokens`` for chat; clamped to ``MAX_TOKENS_CAP``), ``n``, a
-completions batch of prompts, the embeddings ``input`` and ``encoding_format``. The bodies of
-``POST /fault`` are read here too. Nothing here does I/O.
+completions batch of prompts, SGLang's ``rid``, the embeddings ``input`` and
+``encoding_format``. The bodies of ``POST /fault`` and ``POST /abort_request`` are read here
+too. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Generation:
     keys: tuple[int, ...]
     seed: int
     text: RoutingText | None = None  # the canonical prompt, for the KV events' token ids
+    rid: str | None = None  # SGLang's request id field, when the body names one
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,7 @@ def parse_generation(raw: bytes, endpoint: Endpoint, settings: SimSettings) -> G
         keys=tuple(keys),
         seed=keys[-1] if keys else tokens,
         text=text,
+        rid=body["rid"] if isinstance(body.get("rid"), str) else None,
     )
 
 
@@ -192,3 +195,14 @@ def parse_fault(raw: bytes) -> Fault | None:
     if not isinstance(status, int) or isinstance(status, bool) or not 400 <= status <= 599:
         raise BadRequest("'status' must be an integer from 400 to 599", "status")
     return Fault(mode, count, status, every)
+
+
+def parse_abort(raw: bytes) -> str | None:
+    """A ``POST /abort_request`` body -> the rid to stop (None: ``abort_all``)."""
+    body = json_object(raw)
+    if body.get("abort_all") is True:
+        return None
+    rid = body.get("rid")
+    if not isinstance(rid, str) or not rid:
+        raise BadRequest("'rid' must be a non-empty string (or give 'abort_all': true)", "rid")
+    return rid

@@ -3,9 +3,9 @@
 ``build_app`` serves a ``Gateway`` (router.gateway.wiring, the composition root): the OpenAI
 routes, each generation request one ``Exchange`` (router.gateway.exchange); the probes
 Kubernetes needs; ``/metrics``; and admin endpoints behind a bearer token. Every background
-loop (health probes, model lists, DNS, the policy watcher, the engines' /metrics scraper, the
-replica's gossip node) is started and stopped by a ``cleanup_ctx``, so the app's shutdown
-cancels and awaits all of them.
+loop (health probes, model lists, DNS, the policy and config watchers, the engines' /metrics
+scraper, the replica's gossip node) is started and stopped by a ``cleanup_ctx``, so the app's
+shutdown cancels and awaits all of them.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ async def debug_route(request: web.Request) -> web.Response:
     route = "/v1/chat/completions"
     if isinstance(probe, dict) and "messages" not in probe:
         route = "/v1/embeddings" if "input" in probe else "/v1/completions"
-    inbound = await gw.bodies.parse(raw, route)
+    inbound = gw.models.rewrite(await gw.bodies.parse(raw, route), raw)[0]
     tokenized = await gw.tokenizer(inbound) if gw.tokenizer is not None else None
     d = decide(gw.services, inbound, request.headers, tokenized)
     return _json({"policy": gw.core.policy.name, **d.explain()})
@@ -216,6 +216,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        await app[GATEWAY].aborts.close()
         await app[GATEWAY].upstream.close()
         tokenizer = app[GATEWAY].tokenizer
         if tokenizer is not None:
@@ -239,6 +240,8 @@ def build_app(gw: Gateway) -> web.Application:
     app.cleanup_ctx.append(_task_ctx("model-lists", lambda g: g.pool.models_loop))
     app.cleanup_ctx.append(_task_ctx("dns-discovery", lambda g: g.pool.dns_loop))
     app.cleanup_ctx.append(_task_ctx("policy-watcher", lambda g: g.watcher.run))
+    if gw.config_watcher is not None:
+        app.cleanup_ctx.append(_task_ctx("config-watcher", lambda g: g.config_watch_loop))
     if gw.kv_events is not None:
         app.cleanup_ctx.append(_task_ctx("kv-events", lambda g: g.kv_events_loop))
         if gw.config.engines.kv_events.tokenizer != "engine":

@@ -1,7 +1,8 @@
 """One request's life in the gateway, in one place: the exchange.
 
-    read body -> parse -> admission (router.gateway.inbound.admission: wait, bounded, while the
-    fleet is full) -> decide -> for each engine of the plan (at most ``max_attempts``):
+    read body -> parse (its model alias rewritten, router.gateway.config.models) -> admission
+    (router.gateway.inbound.admission: wait, bounded, while the fleet is full) -> decide ->
+    for each engine of the plan (at most ``max_attempts``):
         acquire -> send -> first byte
             5xx, timeout, broken: release, try the next engine
             200: record the prefix for this engine, publish the delta -> relay -> release
@@ -19,7 +20,8 @@ OpenAI-style error event and a clean close. Any other answer is read whole first
 still be retried, and its ``usage`` read) and sent in one piece. Both relays are
 router.gateway.upstream.relay's; the exchange counts how each ended (``_streamed``,
 ``_settle``), and every failed attempt in one place (``_failed``). A client that disconnects
-cancels the handler: the engine's connection is closed at once, which stops its generation.
+cancels the handler: the engine's connection is closed at once, which stops its generation,
+and an engine that takes an abort is sent one (router.gateway.upstream.abort).
 
 Requests go only to an engine's base URL (from config or DNS) plus the fixed API path of the
 route; nothing in a request (path, query string, headers) chooses where it is sent.
@@ -127,7 +129,7 @@ class Exchange:
     async def _serve(self) -> web.StreamResponse:
         s = self.s
         raw = await read_body(self.request, s.limits.max_body_bytes)
-        inbound = await s.bodies.parse(raw, self.route)
+        inbound, raw = s.aliases().rewrite(await s.bodies.parse(raw, self.route), raw)
         # Flow control: wait here (bounded) while every engine that could serve it is full.
         rules = s.admission.rules
         await s.admission.enter(
@@ -262,11 +264,13 @@ class Exchange:
         finished = False  # the body was read to its end: the connection can be reused
         deadline = Deadline(min(first_byte, s.timeouts.idle_stream_seconds))
         s.drain.watch(deadline)
+        payload, rid = s.aborts.tag(engine, self.route, raw, self.id)
+        gone = False  # the client left (or the engine never started answering) mid-attempt
         try:
             deadline.start(first_byte)
             try:
                 resp = await s.upstream.send(
-                    UpstreamRequest(engine, self.route, tuple(headers), raw)
+                    UpstreamRequest(engine, self.route, tuple(headers), payload)
                 )
                 first = await resp.read_chunk()
             except asyncio.CancelledError:
@@ -305,6 +309,9 @@ class Exchange:
             finished = answer.complete
             self._settle(engine, resp.status, answer)
             return answer.response
+        except (asyncio.CancelledError, FirstByteTimeout):
+            gone = True
+            raise
         finally:
             deadline.close()
             s.drain.forget(deadline)
@@ -313,6 +320,9 @@ class Exchange:
                     resp.release()
                 else:
                     resp.abort()
+            # Closing the connection stopped the engine; one that takes an abort gets it too.
+            if rid is not None and not finished and (gone or self.status == CLIENT_GONE):
+                s.aborts.send(engine, rid)
 
     def _failed(self, engine: str, error: UpstreamError, *, blame: bool = True) -> None:
         """Count a failed attempt at ``engine``, and against its health unless not ``blame``."""

@@ -288,6 +288,22 @@ class Metrics:
         )
         for result in ("ok", "error", "status", "parse_error"):
             self.engine_scrapes.labels(result)
+        self.config_reloads = Counter(
+            "kvrouter_config_reloads",
+            "Reloads of the config file's hot sections (models), by result (error: rejected).",
+            ["result"],
+            registry=r,
+        )
+        for result in ("success", "error"):
+            self.config_reloads.labels(result)
+        self.engine_aborts = Counter(
+            "kvrouter_engine_aborts",
+            "Aborts sent to engines for requests whose client left (sent, failed, dropped).",
+            ["result"],
+            registry=r,
+        )
+        for result in ("sent", "failed", "dropped"):
+            self.engine_aborts.labels(result)
         r.register(_FleetCollector(view))
         self._codes: dict[str, set[str]] = {}
 

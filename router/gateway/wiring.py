@@ -30,7 +30,8 @@ from router.core.policy import Policy
 from router.core.precise import PreciseSettings, TokenPrompt
 from router.core.retry_budget import BudgetRules, RetryBudget
 from router.gateway.config.engine_keys import EngineKeys
-from router.gateway.config.reload import PolicyWatcher, Result
+from router.gateway.config.models import ModelAliases
+from router.gateway.config.reload import ModelsWatcher, PolicyWatcher, Result
 from router.gateway.config.serving import Forwarding, Limits, Timeouts
 from router.gateway.config.settings import Config
 from router.gateway.fleet.pool import EnginePool, Resolver, resolve_dns
@@ -45,6 +46,7 @@ from router.gateway.precise.kv_events import EventMetrics, Subscriber
 from router.gateway.precise.tokenize import Tokenizer
 from router.gateway.replicas.delegate import run_origin
 from router.gateway.runtime.drain import Drain
+from router.gateway.upstream.abort import Aborts
 from router.gateway.upstream.client import HttpUpstream, Upstream
 from router.gateway.upstream.relay import HoldBudget
 from router.local_tokenizer import configured
@@ -85,6 +87,10 @@ class Services:
     # What non-streamed answers held until their end may take together
     # (router.gateway.upstream.relay).
     holds: HoldBudget = field(default_factory=HoldBudget)
+    # Aborts for engines that take one when a client leaves (router.gateway.upstream.abort).
+    aborts: Aborts = field(default_factory=Aborts)
+    # The model aliases live now (router.gateway.config.models; the config file is watched).
+    aliases: Callable[[], ModelAliases] = ModelAliases
 
 
 class Gateway:
@@ -145,6 +151,11 @@ class Gateway:
             )
         )
         self.retry_budget = RetryBudget(BudgetRules(ratio=config.limits.retry_budget_percent / 100))
+        self.aborts = Aborts(
+            self.upstream,
+            config.engines.kind_of,
+            lambda result: self.metrics.engine_aborts.labels(result).inc(),
+        )
         self.pool = EnginePool(
             config.engines,
             config.health,
@@ -153,6 +164,19 @@ class Gateway:
             clock=clock,
             resolver=resolver,
         )
+        # The config file's models section, applied again when the file changes.
+        self.models = config.models
+        self.config_watcher: ModelsWatcher | None = None
+        if config.source:
+            self.config_watcher = ModelsWatcher(
+                Path(config.source),
+                self._set_models,
+                lambda result: self.metrics.config_reloads.labels(result).inc(),
+                config.policy_reload.interval_seconds,
+                poll=config.policy_reload.enabled,
+            )
+            self.models = self.config_watcher.load_initial()  # raises ConfigError
+        self.pool.set_aliases(self.models.aliases)
         # The engines' own load, blended into the core's LoadBook (router.core.load).
         self.engine_metrics = EngineMetricsScraper(
             em,
@@ -215,6 +239,8 @@ class Gateway:
             bodies=self.bodies,
             tokenize=self.tokenizer,
             drain=self.drain,
+            aborts=self.aborts,
+            aliases=lambda: self.models,
         )
 
     def _healthy(self) -> Mapping[str, bool]:
@@ -227,6 +253,17 @@ class Gateway:
 
     def _reloaded(self, result: Result) -> None:
         self.metrics.reloads.labels(result).inc()
+
+    def _set_models(self, models: ModelAliases) -> None:
+        # One assignment on the event loop, like a policy: a request reads it once.
+        self.models = models
+        self.pool.set_aliases(models.aliases)
+
+    def reload(self) -> None:
+        """Reload the policy file and the config file's models section now (SIGHUP)."""
+        self.watcher.request()
+        if self.config_watcher is not None:
+            self.config_watcher.request()
 
     def _set_engines(self, weights: Mapping[str, int]) -> None:
         self.core.set_engines(weights)
@@ -248,6 +285,11 @@ class Gateway:
             report = self.core.loads.engine_reported(url, now)
             if report is not None:
                 yield url, report
+
+    async def config_watch_loop(self) -> None:
+        """Watch the config file's models section while the app runs."""
+        if self.config_watcher is not None:
+            await self.config_watcher.run()
 
     async def kv_events_loop(self) -> None:
         """Subscribe to the engines' KV events while the app runs."""

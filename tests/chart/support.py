@@ -67,6 +67,8 @@ ROUTER_METRICS: Mapping[str, str] = {
     "kvrouter_backend_reported_requests": "gauge",
     "kvrouter_backend_kv_usage": "gauge",
     "kvrouter_engine_scrapes_total": "counter",
+    "kvrouter_config_reloads_total": "counter",
+    "kvrouter_engine_aborts_total": "counter",
     "kvrouter_gossip_peers": "gauge",
     # Engines' KV cache events and the tokenizer behind precise keys
     # (router.gateway.precise.kv_events).
@@ -127,6 +129,7 @@ ROUTER_CONFIG_KEYS = frozenset(
         "flow_control",
         "forwarding",
         "drain",
+        "models",
     }
 )
 # The presets the chart ships: the router's own (tests check that the files are the same bytes).

@@ -228,3 +228,65 @@ def test_router_settings_schema_bad_value_rejected_naming_the_key(
     with pytest.raises(helm_python.HelmValuesError) as err:
         render(values)
     assert where in str(err.value)
+
+
+MODELS = {
+    "aliases": {"fast": "meta-llama/Llama-3.1-8B-Instruct", "small": "fast"},
+    "patterns": [{"match": "gpt-4*", "model": "meta-llama/Llama-3.1-70B-Instruct"}],
+}
+
+
+def _annotations(out: Any) -> dict[str, str]:
+    meta = out.router_deployment()["spec"]["template"]["metadata"]
+    annotations: dict[str, str] = meta["annotations"]
+    return annotations
+
+
+def test_router_models_reach_the_router_and_stay_out_of_the_restart_checksum() -> None:
+    from router.gateway.config.settings import load_config_text
+
+    out = render({"router": {"models": MODELS}})
+    loaded = load_config_text(out.router_config_text(), "config.yaml").models
+    assert loaded.served("small") == "meta-llama/Llama-3.1-8B-Instruct"
+    assert loaded.served("gpt-4o") == "meta-llama/Llama-3.1-70B-Instruct"
+    defaults = render({})
+    assert load_config_text(defaults.router_config_text(), "c.yaml").models.aliases == {}
+    # Hot reload on: an alias edit reaches the pods without restarting them.
+    assert _annotations(out)["checksum/config"] == _annotations(defaults)["checksum/config"]
+    assert "checksum/models" not in _annotations(out)
+    off = {"policy": {"reload": {"enabled": False}}}
+    assert (
+        _annotations(render({**off, "router": {"models": MODELS}}))["checksum/models"]
+        != _annotations(render(off))["checksum/models"]
+    )
+
+
+def test_router_backends_kind_reaches_static_and_dns_engines() -> None:
+    from router.gateway.config.settings import load_config_text
+
+    backends = {
+        "static": ["http://sglang-0.sglang:30000"],
+        "dns": {"name": "sglang-headless", "port": 30000, "scheme": "http", "intervalSeconds": 10},
+        "kind": "sglang",
+    }
+    out = render({"router": {"backends": backends}})
+    engines = load_config_text(out.router_config_text(), "config.yaml").engines
+    assert engines.kind_of("http://sglang-0.sglang:30000") == "sglang"
+    assert engines.kind_of("http://10.0.0.7:30000") == "sglang"
+    plain = load_config_text(render({}).router_config_text(), "config.yaml").engines
+    assert plain.static_kinds == {} and plain.kind_of("http://x:1") == "vllm"
+
+
+@pytest.mark.parametrize(
+    ("models", "key"),
+    [
+        ({"aliases": {"a": ""}}, "aliases"),
+        ({"patterns": [{"match": "x"}]}, "patterns"),
+        ({"aliases": {}, "patterns": [], "extra": 1}, "extra"),
+    ],
+    ids=["empty-target", "pattern-without-model", "unknown-key"],
+)
+def test_router_models_schema_refuses_bad_values(models: dict[str, Any], key: str) -> None:
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"router": {"models": models}})
+    assert key in str(e.value)

@@ -4,9 +4,17 @@ camelCase; the file's keys are the router's snake_case names.
 */}}
 {{- define "kvrouter.config" -}}
 {{- $r := .Values.router }}
-{{- $backends := dict "static" $r.backends.static "models_refresh_seconds" ($r.backends.modelsRefreshSeconds | int) }}
+{{- $kind := $r.backends.kind | default "vllm" }}
+{{- $static := $r.backends.static }}
+{{- if ne $kind "vllm" }}
+{{- $static = list }}
+{{- range $r.backends.static }}
+{{- $static = append $static (dict "url" . "kind" $kind) }}
+{{- end }}
+{{- end }}
+{{- $backends := dict "static" $static "models_refresh_seconds" ($r.backends.modelsRefreshSeconds | int) }}
 {{- if $r.backends.dns.name }}
-{{- $_ := set $backends "dns" (dict "name" $r.backends.dns.name "port" ($r.backends.dns.port | int) "scheme" $r.backends.dns.scheme "interval_seconds" ($r.backends.dns.intervalSeconds | int)) }}
+{{- $_ := set $backends "dns" (dict "name" $r.backends.dns.name "port" ($r.backends.dns.port | int) "scheme" $r.backends.dns.scheme "interval_seconds" ($r.backends.dns.intervalSeconds | int) "kind" $kind) }}
 {{- end }}
 {{- $kv := $r.backends.kvEvents }}
 {{- if $kv.port }}
@@ -82,4 +90,14 @@ camelCase; the file's keys are the router's snake_case names.
     "tls" $tls)
 }}
 {{- toYaml $config }}
+{{- end }}
+
+
+{{/*
+The config file's models section: applied live by the router's config watcher, so it stays out
+of the config checksum that restarts the pods (unless policy.reload is off).
+*/}}
+{{- define "kvrouter.models" -}}
+{{- $m := .Values.router.models }}
+{{- toYaml (dict "models" (dict "aliases" ($m.aliases | default dict) "patterns" ($m.patterns | default list))) }}
 {{- end }}

@@ -66,7 +66,8 @@ def param(
     hi: float | None = None,
     choices: tuple[str, ...] = (),
 ) -> Any:
-    """A params field with its default and its limits (numbers) or choices (text)."""
+    """A params field with its default and its limits (numbers; for a list of strings, its
+    length) or choices (text)."""
     return dataclasses.field(default=default, metadata={"lo": lo, "hi": hi, "choices": choices})
 
 
@@ -108,6 +109,12 @@ def read_params(params: type[P], f: Fields) -> P:
         elif isinstance(d, float):
             assert lim.lo is not None and lim.hi is not None
             values[name] = f.number(name, d, lim.lo, lim.hi)
+        elif isinstance(d, tuple):  # a list of strings; its limits bound its length
+            assert lim.lo is not None and lim.hi is not None
+            texts = f.texts(name) if f.has(name) else list(d)
+            if not lim.lo <= len(texts) <= lim.hi:
+                f.fail(f.at(name), f"must list from {lim.lo:g} to {lim.hi:g} strings")
+            values[name] = tuple(texts)
         elif lim.choices:
             values[name] = f.choice(name, d, lim.choices)
         else:

@@ -6,7 +6,9 @@
   ``forwarding``, ``drain`` and ``flow_control``.
 - ``engines``: the ``engines`` and ``engine_metrics`` sections.
 - ``gossip``: the ``gossip`` section.
+- ``models``: the ``models`` section: model aliases and patterns, and the request rewritten to
+  the served name.
 - ``overrides``: the command-line flags, applied over the file's values.
 - ``engine_keys``: the API key each engine is sent, read from the environment once.
-- ``reload``: hot reload of the policy file.
+- ``reload``: hot reload of the policy file, and of the config file's ``models`` section.
 """

@@ -16,6 +16,9 @@ from router.core.fields import ConfigFields, show
 from router.core.precise import DEFAULT_BRIDGE_SECONDS, DEFAULT_MEDIUM_WEIGHTS
 
 SCHEMES = ("http", "https")
+# How an engine is told that a request's client has gone (router.gateway.upstream.abort):
+# vllm, a closed connection (vLLM, llama.cpp, TGI); sglang, that and POST /abort_request.
+ENGINE_KINDS = ("vllm", "sglang")
 
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -31,6 +34,7 @@ class DnsEngines:
     interval_seconds: float = 10.0
     # The variable holding these engines' API key; empty: the section's ``api_key_env``.
     api_key_env: str = ""
+    kind: str = "vllm"  # one of ENGINE_KINDS, for every address of the name
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,8 @@ class EngineSources:
     # static URL.
     api_key_env: str = ""
     static_key_envs: Mapping[str, str] = field(default_factory=dict)
+    # Static engines of a kind other than vllm (ENGINE_KINDS), by URL.
+    static_kinds: Mapping[str, str] = field(default_factory=dict)
     # The key the file gave this section (engines, or the released spelling backends), so that
     # messages about it name what the user wrote; two spellings of one setup are equal.
     section: str = field(default="engines", compare=False)
@@ -118,6 +124,16 @@ class EngineSources:
             f"{self.key('kv_events.endpoints')} (--kv-events): no engine has the URL "
             + "; ".join(parts)
         )
+
+    def kind_of(self, url: str) -> str:
+        """The kind of the engine at ``url`` (ENGINE_KINDS): its static entry's, else the DNS
+        name's for an engine found there, else vllm."""
+        kind = self.static_kinds.get(url)
+        if kind is not None:
+            return kind
+        if url not in self.static and self.dns is not None:
+            return self.dns.kind
+        return "vllm"
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,12 +280,14 @@ def engine_sources(f: ConfigFields | None) -> EngineSources:
         return d
     static: list[str] = []
     key_envs: dict[str, str] = {}
+    kinds: dict[str, str] = {}
     for i, entry in enumerate(f.values("static")):
         where = f"{f.at('static')}[{i}]"
-        text, key_env = entry, ""
-        if isinstance(entry, Mapping):  # {url: URL, api_key_env: NAME}
+        text, key_env, kind = entry, "", "vllm"
+        if isinstance(entry, Mapping):  # {url: URL, api_key_env: NAME, kind: KIND}
             e = ConfigFields(entry, where, f.where)
             text, key_env = e.text("url", "", required=True), e.text("api_key_env", "")
+            kind = e.choice("kind", kind, ENGINE_KINDS)
             e.done()
         elif not isinstance(entry, str):
             f.fail(where, f"must be a URL or {{url: URL, api_key_env: NAME}}, got {show(entry)}")
@@ -279,6 +297,8 @@ def engine_sources(f: ConfigFields | None) -> EngineSources:
             f.fail(where, str(err))
         if key_env:
             key_envs[static[-1]] = key_env
+        if kind != "vllm":
+            kinds[static[-1]] = kind
     dns: DnsEngines | None = None
     sub = f.sub("dns")
     if sub is not None:
@@ -290,6 +310,7 @@ def engine_sources(f: ConfigFields | None) -> EngineSources:
             scheme=sub.choice("scheme", dd.scheme, SCHEMES),
             interval_seconds=sub.seconds("interval_seconds", dd.interval_seconds, 0.1),
             api_key_env=sub.text("api_key_env", dd.api_key_env),
+            kind=sub.choice("kind", dd.kind, ENGINE_KINDS),
         )
         sub.done()
         if not name:
@@ -301,6 +322,7 @@ def engine_sources(f: ConfigFields | None) -> EngineSources:
         _kv_events(f.sub("kv_events")),
         api_key_env=f.text("api_key_env", d.api_key_env),
         static_key_envs=key_envs,
+        static_kinds=kinds,
         section=f.path,
     )
     f.done()

@@ -1,7 +1,12 @@
-"""Hot reload of the policy file: poll its content, swap a valid policy in, keep the old one
-when the new one is invalid.
+"""Hot reload of the files the gateway serves from: poll a file's content, swap a valid new
+version in, keep the old one when the new one is invalid.
 
-The file is re-read by path on every poll and compared by content hash, not by modification
+Two files are watched, each by a ``FileWatcher``: the policy (``PolicyWatcher``), and the
+config file, of which only the ``models`` section is applied live (``ModelsWatcher``; the other
+sections are read at start, and an edit to them takes a restart, though any error in the file
+still refuses it whole). Both go by the ``policy_reload`` settings.
+
+A file is re-read by path on every poll and compared by content hash, not by modification
 time or inode: a Kubernetes ConfigMap volume updates by swapping its ``..data`` symlink to a new
 directory, so the path's target changes while the old file stays as it was. Reading through the
 path each time follows the swap. SIGHUP (``request``) reloads at once, even unchanged content.
@@ -12,7 +17,7 @@ and the reason), not on every poll. The watcher reads and parses in a worker thr
 Its size is bounded by the gateway's one reader of its files (``router.yaml_files``,
 which the config file goes through too, so both are refused in the same words), its aliases
 and nesting by the loader (``router.core.fields``), and any failure, expected or not, leaves the
-live policy in place.
+live version in place.
 
 Polls keep their cadence on the watcher's clock: one every ``interval_seconds``, however many
 requested reloads come in between. The clock (``now``) and the wait (``sleep``) are passed in,
@@ -28,34 +33,41 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
-from router.core.fields import show
+from router.core.fields import ConfigError, show
 from router.core.policy import Policy, PolicyError, load_policy_text
+from router.gateway.config.models import ModelAliases
+from router.gateway.config.settings import load_config_text
 from router.yaml_files import read_bytes, text_of
 
 log = logging.getLogger(__name__)
 
 Result = Literal["success", "error"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class _Read:
-    """What one look at the file found: nothing new, a policy, or a problem."""
+class _Read(Generic[T]):
+    """What one look at the file found: nothing new, a new version, or a problem."""
 
     digest: bytes | None = None  # of the content read (None: unreadable)
-    policy: Policy | None = None
+    loaded: T | None = None
     problem: str | None = None
     unchanged: bool = False
 
 
-class PolicyWatcher:
-    """Polls one policy file and hands each new valid policy to ``apply``."""
+class FileWatcher(Generic[T]):
+    """Polls one file and hands each new valid version (``load(text, where)``) to ``apply``;
+    ``load`` raises ``error`` for a file it refuses, and ``what`` names the file in logs."""
 
     def __init__(
         self,
         path: Path,
-        apply: Callable[[Policy], None],
+        load: Callable[[str, str], T],
+        error: type[ValueError],
+        what: str,
+        apply: Callable[[T], None],
         on_result: Callable[[Result], None],
         interval_seconds: float,
         poll: bool = True,
@@ -64,6 +76,9 @@ class PolicyWatcher:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.path = path
+        self._load = load
+        self._error = error
+        self.what = what
         self._apply = apply
         self._on_result = on_result
         self._interval = interval_seconds
@@ -75,12 +90,12 @@ class PolicyWatcher:
         self._wake = asyncio.Event()
         self._forced = False
 
-    def load_initial(self) -> Policy:
-        """The policy to start with; raises ``PolicyError`` (a gateway must not start without)."""
-        raw = read_bytes(self.path, PolicyError)
-        policy = load_policy_text(text_of(raw, str(self.path), PolicyError), str(self.path))
+    def load_initial(self) -> T:
+        """The version to start with; raises ``error`` (a gateway must not start without)."""
+        raw = read_bytes(self.path, self._error)
+        loaded = self._load(text_of(raw, str(self.path), self._error), str(self.path))
         self._live = hashlib.sha256(raw).digest()
-        return policy
+        return loaded
 
     def check(self, force: bool = False) -> Result | None:
         """Reload when the content changed (or ``force``); None when nothing happened."""
@@ -90,34 +105,33 @@ class PolicyWatcher:
         """``check``, reading and parsing in a worker thread; applying on the event loop."""
         return self._settle(await asyncio.to_thread(self._read, force), force)
 
-    def _read(self, force: bool) -> _Read:
+    def _read(self, force: bool) -> _Read[T]:
         """Read and parse the file if it changed; touches nothing (runs in a thread)."""
         try:
-            raw = read_bytes(self.path, PolicyError)
-        except PolicyError as e:
+            raw = read_bytes(self.path, self._error)
+        except self._error as e:
             return _Read(problem=str(e))
         digest = hashlib.sha256(raw).digest()
         if digest in (self._live, self._rejected) and not force:
             return _Read(digest, unchanged=True)
         where = str(self.path)
         try:
-            return _Read(digest, policy=load_policy_text(text_of(raw, where, PolicyError), where))
-        except PolicyError as e:
+            return _Read(digest, loaded=self._load(text_of(raw, where, self._error), where))
+        except self._error as e:
             return _Read(digest, problem=str(e))
-        except Exception as e:  # a bug, or a limit not thought of: the live policy stays
+        except Exception as e:  # a bug, or a limit not thought of: the live version stays
             return _Read(digest, problem=f"unexpected {type(e).__name__}: {show(str(e))}")
 
-    def _settle(self, read: _Read, force: bool) -> Result | None:
+    def _settle(self, read: _Read[T], force: bool) -> Result | None:
         if read.unchanged:
             if read.digest == self._live:
                 self._rejected = None  # back to the live content: a bad file again is news
             return None
-        if read.policy is None:
+        if read.loaded is None:
             return self._reject(read.problem or "unreadable", read.digest, force)
-        policy = read.policy
-        self._apply(policy)
+        self._apply(read.loaded)
         self._live, self._rejected = read.digest, None
-        log.info("policy %s loaded from %s", policy.name, self.path)
+        log.info("%s loaded from %s", self.what, self.path)
         self._on_result("success")
         return "success"
 
@@ -128,7 +142,7 @@ class PolicyWatcher:
         self._rejected = key
         if not problem.startswith(str(self.path)):
             problem = f"{self.path}: {problem}"
-        log.error("policy reload rejected, the current policy stays: %s", problem)
+        log.error("%s reload rejected, the current %s stays: %s", self.what, self.what, problem)
         self._on_result("error")
         return "error"
 
@@ -160,3 +174,65 @@ class PolicyWatcher:
                 wake.cancel()
                 timer.cancel()
         self._wake.clear()
+
+
+class PolicyWatcher(FileWatcher[Policy]):
+    """The policy file's watcher: each new valid policy goes to ``apply``."""
+
+    def __init__(
+        self,
+        path: Path,
+        apply: Callable[[Policy], None],
+        on_result: Callable[[Result], None],
+        interval_seconds: float,
+        poll: bool = True,
+        *,
+        now: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        super().__init__(
+            path,
+            load_policy_text,
+            PolicyError,
+            "policy",
+            apply,
+            on_result,
+            interval_seconds,
+            poll,
+            now=now,
+            sleep=sleep,
+        )
+
+
+def models_of(text: str, where: str) -> ModelAliases:
+    """The ``models`` section of a config file's text; raises ``ConfigError`` for any error in
+    the file."""
+    return load_config_text(text, where).models
+
+
+class ModelsWatcher(FileWatcher[ModelAliases]):
+    """The config file's watcher for its ``models`` section: new aliases go to ``apply``."""
+
+    def __init__(
+        self,
+        path: Path,
+        apply: Callable[[ModelAliases], None],
+        on_result: Callable[[Result], None],
+        interval_seconds: float,
+        poll: bool = True,
+        *,
+        now: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        super().__init__(
+            path,
+            models_of,
+            ConfigError,
+            "models section",
+            apply,
+            on_result,
+            interval_seconds,
+            poll,
+            now=now,
+            sleep=sleep,
+        )

@@ -7,9 +7,10 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
     policy: kv-aware                             # a preset name, or a policy file
     policy_reload: {enabled: true, interval_seconds: 2}
     engines:                                     # or ``backends``, the released spelling
-      static: []                        # URLs, or {url: URL, api_key_env: NAME} entries
+      static: []                        # URLs, or {url: URL, api_key_env: NAME,
+                                        #   kind: vllm | sglang} entries
       dns: {name: "", port: 8000, scheme: http,  # name: a headless Service's DNS name
-            interval_seconds: 10, api_key_env: ""}
+            interval_seconds: 10, api_key_env: "", kind: vllm}
       models_refresh_seconds: 30
       api_key_env: ""                          # the variable holding the engines' API key
       kv_events: {port: 0, replay_port: 0, topic: "", tokenizer: engine,
@@ -48,11 +49,15 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
     gossip: {enabled: false, port: 7946, dns: "", peers: [], secret_env: KVROUTER_GOSSIP_SECRET,
              tls: {cert_file: "", key_file: "", ca_file: ""}, advertise: "", node_id: "",
              preset: lan}
+    models:                                      # hot reloaded (router.gateway.config.models)
+      aliases: {}                                # {ALIAS: SERVED_NAME}
+      patterns: []                               # [{match: GLOB, model: SERVED_NAME}], in order
 
 This module defines ``listen``, ``policy_reload`` and ``health``, and composes every section into
 ``Config``. The others live in this package's ``serving`` (how a request is served: ``timeouts``,
 ``limits``, ``auth``, ``forwarding``, ``drain``, ``flow_control``), ``engines`` (``engines``,
-``engine_metrics``) and ``gossip``.
+``engine_metrics``), ``gossip`` and ``models`` (model aliases, the one section applied again
+when the file changes: router.gateway.config.reload).
 
 Every section and field is optional. There are no engines by default, and an empty
 ``engines.dns.name`` means no DNS discovery. Gossip listens on ``listen.host`` at
@@ -66,6 +71,7 @@ field path. The command-line flags are applied over the file's values by
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +85,7 @@ from router.gateway.config.engines import (
     engine_sources,
 )
 from router.gateway.config.gossip import GossipSettings, gossip
+from router.gateway.config.models import ModelAliases, models
 from router.gateway.config.serving import (
     Auth,
     DrainSettings,
@@ -150,6 +157,9 @@ class Config:
     auth: Auth = field(default_factory=Auth)
     forwarding: Forwarding = field(default_factory=Forwarding)
     drain: DrainSettings = field(default_factory=DrainSettings)
+    models: ModelAliases = field(default_factory=ModelAliases)
+    # The file this config was read from ("": none), for the watcher of its models section.
+    source: str = field(default="", compare=False)
 
 
 def _listen(f: ConfigFields | None) -> Listen:
@@ -225,6 +235,7 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
         auth=auth(f.sub("auth")),
         forwarding=forwarding(f.sub("forwarding")),
         drain=drain(f.sub("drain")),
+        models=models(f.sub("models")),
     )
     f.done()
     return cfg
@@ -236,8 +247,9 @@ def load_config_text(text: str, where: str) -> Config:
 
 
 def load_config(path: str | Path) -> Config:
-    """Read and parse a config file."""
-    return load_config_text(read_text(Path(path), ConfigError), str(path))
+    """Read and parse a config file (its ``source`` is the path)."""
+    cfg = load_config_text(read_text(Path(path), ConfigError), str(path))
+    return dataclasses.replace(cfg, source=str(path))
 
 
 def check_ready_to_serve(cfg: Config) -> None:

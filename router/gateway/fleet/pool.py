@@ -175,6 +175,7 @@ class EnginePool:
         self._engines: dict[str, Engine] = {}
         self._by_model: dict[str, tuple[str, ...]] = {}
         self._models_body: bytes | None = None
+        self._aliases: Mapping[str, str] = {}  # listed as models (router.gateway.config.models)
         # Bumped on every change of health or models: readers cache what they derive from it.
         self.version = 0
         self._set_engines_from({u: "static" for u in cfg.static})
@@ -203,18 +204,27 @@ class EnginePool:
         )
 
     def models_body(self) -> bytes:
-        """``GET /v1/models``: the union of the healthy engines' models, as JSON bytes."""
+        """``GET /v1/models``: the union of the healthy engines' models, and each alias whose
+        model one of them serves (that model's card, under the alias), as JSON bytes."""
         if self._models_body is None:
             cards: dict[str, dict[str, Any]] = {}
             for b in self._engines.values():
                 if b.healthy and b.models:
                     for mid, card in b.models.items():
                         cards.setdefault(mid, card)
+            for alias, served in self._aliases.items():
+                if served in cards:
+                    cards[alias] = {**cards[served], "id": alias}
             data = [cards[m] for m in sorted(cards)]
             self._models_body = orjson.dumps({"object": "list", "data": data})
         return self._models_body
 
     # -- changes -----------------------------------------------------------------------------
+
+    def set_aliases(self, aliases: Mapping[str, str]) -> None:
+        """The model aliases ``/v1/models`` lists from now on (alias -> served name)."""
+        self._aliases = aliases
+        self._models_body = None
 
     def _changed(self) -> None:
         by_model: dict[str, list[str]] = {}

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from router.core.blocks import RequestShapeError, RoutingText, routing_text
+from router.core.scorers.session_affinity import session_fields
 from router.gateway.openai.errors import BadRequest
 
 # Bodies larger than this are parsed in a worker thread. A 1 MiB body parses in 2 ms (one
@@ -47,7 +48,8 @@ class Inbound:
     """A validated request: its parsed body, routing text, model and stream flag.
 
     From ``BodyParser`` (unless ``keep_body``), ``body`` holds only the body's top-level
-    scalar fields (``model``, ``stream``, ``user``, ``priority``...): the prompt is in ``text``.
+    scalar fields (``model``, ``stream``, ``user``, ``priority``...) and the nested ids a session
+    may be named by (``session_affinity.session_fields``): the prompt is in ``text``.
     """
 
     body: Mapping[str, Any]
@@ -102,6 +104,7 @@ def parse(raw: bytes, route: str) -> Inbound:
 def _light(inbound: Inbound) -> Inbound:
     """``inbound`` keeping of its body only the top-level scalars (the prompt is in its text)."""
     body = {k: v for k, v in inbound.body.items() if isinstance(v, _SCALARS)}
+    body.update(session_fields(inbound.body))  # the nested ids a session may be named by
     return Inbound(body, inbound.text, inbound.model, inbound.stream)
 
 

@@ -5,8 +5,8 @@
 with handler cancellation (a client that leaves cancels its engine request), SIGTERM/SIGINT for a
 graceful stop (router.gateway.runtime.drain: ``/ready`` turns 503, no new connections, in-flight
 requests get ``drain.grace_seconds`` and are then cut with a clean error), SIGHUP for
-an immediate policy reload, and exit codes: 2 for a policy that does not load, 1 for a port
-or gossip listener that cannot be had.
+an immediate reload of the policy and of the config file's model aliases, and exit codes: 2
+for a policy that does not load, 1 for a port or gossip listener that cannot be had.
 
 The listening socket serves aiohttp's server through the gateway's own connection protocol
 (``router.gateway.inbound.connections``: the connection cap, the header deadline, errors in OpenAI's
@@ -65,7 +65,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, gw.watcher.request)
+    loop.add_signal_handler(signal.SIGHUP, gw.reload)
     listener: asyncio.Server | None = None
     scrapes = web.AppRunner(build_metrics_app(gw), access_log=None)
     scrapes_listener: asyncio.Server | None = None

@@ -10,6 +10,8 @@
 - ``engine_errors``: an engine's error body reduced to what a client may see (its message,
   never a traceback, a path or an internal name).
 - ``deadline``: the one timer behind an attempt's waits: the first byte, then each read.
+- ``abort``: telling an engine that a request's client has gone, where a closed connection
+  is not enough (SGLang's abort by rid).
 
 It imports only router.gateway.openai from the rest of the gateway.
 """

@@ -63,8 +63,10 @@ def test_scorers_stay_in_unit_interval(n: int, data: st.DataObject) -> None:
 # -- every param documented in the default preset ----------------------------------------------
 
 
-def _number(v: float) -> str:
-    """A default or limit as the preset's comments write it: 2048, 0.9, 10000000, true."""
+def _number(v: float | tuple[str, ...]) -> str:
+    """A default or limit as the preset's comments write it: 2048, 0.9, 10000000, true, []."""
+    if isinstance(v, tuple):
+        return f"[{', '.join(v)}]"
     if isinstance(v, bool):
         return "true" if v else "false"
     return str(int(v)) if float(v).is_integer() else str(v)

@@ -18,7 +18,6 @@ import pytest
 
 from router.core.fields import MAX_YAML_BYTES
 from router.core.policy import Policy, PolicyError, load_policy_text
-from router.gateway.config import reload
 from router.gateway.config.reload import PolicyWatcher, Result
 from router.gossip.clock import ManualClock
 from router.presets import preset_path
@@ -262,7 +261,7 @@ def test_reload_unexpected_error_keeps_policy_reported_once(
     def broken(text: str, where: str) -> Policy:
         raise RuntimeError("a bug in the loader")
 
-    monkeypatch.setattr(reload, "load_policy_text", broken)
+    monkeypatch.setattr(live.watcher, "_load", broken)
     live.file.write_text(OTHER)
     with caplog.at_level(logging.ERROR):
         assert live.watcher.check() == "error"
@@ -281,7 +280,7 @@ async def test_run_parses_in_a_worker_thread(
         threads.append(threading.get_ident())
         return real(text, where)
 
-    monkeypatch.setattr(reload, "load_policy_text", spy)
+    monkeypatch.setattr(running.watcher, "_load", spy)
     running.file.write_text(OTHER)
     await running.clock.advance(INTERVAL)
     assert await running.rec.settled(1) == ["success"]

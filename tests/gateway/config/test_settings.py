@@ -85,7 +85,7 @@ def test_config_chart_shape_equals_defaults_but_engines() -> None:
 
 # Not keys of their own: filled from the {url, api_key_env} entries of engines.static, and the
 # spelling the file gave the section.
-DERIVED = {"engines.static_key_envs", "engines.section"}
+DERIVED = {"engines.static_key_envs", "engines.static_kinds", "engines.section", "source"}
 
 
 def documented_example() -> Any:
@@ -160,6 +160,8 @@ def test_config_empty_dns_name_means_no_dns() -> None:
         ("engines: {static: [{url: 'ftp://a'}]}", "engines.static[0]: must start with http"),
         ("engines: {dns: {name: a, api_key_env: [K]}}", "engines.dns.api_key_env: must be a str"),
         ("backends: {dns: {name: a, scheme: udp}}", "backends.dns.scheme: must be one of http"),
+        ("engines: {static: [{url: http://a, kind: tgi}]}", "static[0].kind: must be one of vllm"),
+        ("engines: {dns: {name: a, kind: 1}}", "engines.dns.kind: must be a string"),
         ("health: {path: health}", "c.yaml: health.path: must start with '/'"),
         (
             "health: {readmit_backoff_seconds: 10, readmit_backoff_max_seconds: 5}",
@@ -190,6 +192,20 @@ def test_config_invalid_error_names_file_and_field(text: str, expected: str) -> 
     with pytest.raises(ConfigError) as e:
         load_config_text(text, "c.yaml")
     assert expected in str(e.value)
+
+
+def test_config_engine_kinds_by_static_entry_and_dns_name() -> None:
+    text = (
+        "engines: {static: [http://a, {url: 'http://b:9000/', kind: sglang}],"
+        " dns: {name: sg, kind: sglang}}"
+    )
+    e = load_config_text(text, "c.yaml").engines
+    assert e.static_kinds == {"http://b:9000": "sglang"}
+    assert [e.kind_of(u) for u in ("http://a:80", "http://b:9000", "http://10.1.1.1:8000")] == [
+        "vllm",
+        "sglang",
+        "sglang",
+    ]
 
 
 def test_config_unreadable_file_names_it(tmp_path: Path) -> None:

@@ -214,6 +214,18 @@ async def test_pool_models_union_only_healthy() -> None:
     assert b'"id":"n"' not in pool.models_body()
 
 
+async def test_pool_models_lists_aliases_of_served_models_as_their_cards() -> None:
+    a, b = FakeEngine(A, ["m"]), FakeEngine(B, ["n"])
+    pool, _, _, _ = pool_of(a, b)
+    await pool.probe_all()
+    pool.set_aliases({"fast": "m", "ghost": "nobody-serves-it"})
+    cards = {c["id"]: c for c in orjson.loads(pool.models_body())["data"]}
+    assert sorted(cards) == ["fast", "m", "n"]
+    assert cards["fast"] == {**cards["m"], "id": "fast"}
+    pool.set_aliases({})
+    assert b'"id":"fast"' not in pool.models_body()
+
+
 async def test_pool_models_failure_keeps_last_list() -> None:
     a = FakeEngine(A, ["m"])
     pool, _, _, _ = pool_of(a)
