@@ -310,7 +310,7 @@ def _registered(mocker: Proc) -> bool:
 def _knows_workers(front: Proc, mode: str, n: int) -> bool:
     """Whether ``n`` mockers joined the frontend's model (and, in kv mode, its KV router):
     its log says so."""
-    log = front.log_path.read_text(errors="replace")
+    log = re.sub(r"\x1b\[[0-9;]*m", "", front.log_path.read_text(errors="replace"))  # colours
     members = max((int(m) for m in re.findall(r"members=(\d+)", log)), default=0)
     return members >= n and (mode != "kv" or log.count("Adding worker") >= n)
 
