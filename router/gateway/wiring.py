@@ -33,6 +33,7 @@ from router.gateway.config.engine_keys import EngineKeys
 from router.gateway.config.reload import PolicyWatcher, Result
 from router.gateway.config.serving import Forwarding, Limits, Timeouts
 from router.gateway.config.settings import Config
+from router.gateway.config.tracing import export
 from router.gateway.fleet.pool import EnginePool, Resolver, resolve_dns
 from router.gateway.fleet.scrape import EngineMetricsScraper
 from router.gateway.inbound.admission import Admission
@@ -45,6 +46,7 @@ from router.gateway.precise.kv_events import EventMetrics, Subscriber
 from router.gateway.precise.tokenize import Tokenizer
 from router.gateway.replicas.delegate import run_origin
 from router.gateway.runtime.drain import Drain
+from router.gateway.tracing import Tracing
 from router.gateway.upstream.client import HttpUpstream, Upstream
 from router.gateway.upstream.relay import HoldBudget
 from router.local_tokenizer import configured
@@ -85,6 +87,8 @@ class Services:
     # What non-streamed answers held until their end may take together
     # (router.gateway.upstream.relay).
     holds: HoldBudget = field(default_factory=HoldBudget)
+    # Spans of each request, and the trace context engines get (router.gateway.tracing).
+    tracing: Tracing = field(default_factory=lambda: Tracing(None))
 
 
 class Gateway:
@@ -190,6 +194,8 @@ class Gateway:
                 local=configured(kv.tokenizer, config.engines.key("kv_events.tokenizer")),
                 holds=self.precise.held_whole,
             )
+        # Raises ConfigError: no start on a tracing setup (file, OTEL_* variables) it cannot honour.
+        self.tracing = Tracing(export(config.tracing, environ))
         # Client connections of this process: the cap and the header deadline (runtime).
         self.connections = Connections(config.limits)
         self.bodies = BodyParser(
@@ -213,6 +219,7 @@ class Gateway:
             bodies=self.bodies,
             tokenize=self.tokenizer,
             drain=self.drain,
+            tracing=self.tracing,
         )
 
     def _healthy(self) -> Mapping[str, bool]:

@@ -47,11 +47,13 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
     gossip: {enabled: false, port: 7946, dns: "", peers: [], secret_env: KVROUTER_GOSSIP_SECRET,
              tls: {cert_file: "", key_file: "", ca_file: ""}, advertise: "", node_id: "",
              preset: lan}
+    tracing: {enabled: false, endpoint: "", protocol: grpc, sample_ratio: 1.0,
+              service_name: kvrouter}    # OTEL_* variables win (router.gateway.config.tracing)
 
 This module defines ``listen``, ``policy_reload`` and ``health``, and composes every section into
 ``Config``. The others live in this package's ``serving`` (how a request is served: ``timeouts``,
 ``limits``, ``auth``, ``forwarding``, ``drain``, ``flow_control``), ``engines`` (``engines``,
-``engine_metrics``) and ``gossip``.
+``engine_metrics``), ``gossip`` and ``tracing``.
 
 Every section and field is optional. There are no engines by default, and an empty
 ``engines.dns.name`` means no DNS discovery. Gossip listens on ``listen.host`` at
@@ -92,6 +94,7 @@ from router.gateway.config.serving import (
     limits,
     timeouts,
 )
+from router.gateway.config.tracing import TracingSettings, tracing
 from router.yaml_files import read_text
 
 # A server in a pod must listen on every interface to be reachable through its Service.
@@ -149,6 +152,7 @@ class Config:
     auth: Auth = field(default_factory=Auth)
     forwarding: Forwarding = field(default_factory=Forwarding)
     drain: DrainSettings = field(default_factory=DrainSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
 
 def _listen(f: ConfigFields | None) -> Listen:
@@ -224,6 +228,7 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
         auth=auth(f.sub("auth")),
         forwarding=forwarding(f.sub("forwarding")),
         drain=drain(f.sub("drain")),
+        tracing=tracing(f.sub("tracing")),
     )
     f.done()
     return cfg
