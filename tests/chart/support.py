@@ -127,6 +127,7 @@ ROUTER_CONFIG_KEYS = frozenset(
         "flow_control",
         "forwarding",
         "drain",
+        "tracing",
     }
 )
 # The presets the chart ships: the router's own (tests check that the files are the same bytes).
