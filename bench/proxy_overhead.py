@@ -19,10 +19,13 @@ per sampling ratio (``tracing.sample_ratio``), all in front of the same engine a
 over OTLP/gRPC to a collector in this process (tests.otlp, keeping nothing), loaded in turn
 for ``--rounds`` rounds with their order rotated each round; reports each router's CPU per
 request in every round and its median ratio to the untraced router's in the same rounds.
+``--baseline DIR`` adds a router run from another source tree (an unpacked ``git archive``
+of a commit before tracing existed), to see what tracing costs when off.
 
     python -m bench.proxy_overhead [--requests 300] [--load-requests 2000]
                                    [--concurrency 32 256] [--prompt-chars 2000]
-                                   [--workers N] [--tracing 1.0 0.01 [--rounds 5]]
+                                   [--workers N]
+                                   [--tracing 1.0 0.01 [--rounds 5] [--baseline DIR]]
 """
 
 from __future__ import annotations
@@ -95,21 +98,29 @@ def wait_all_ready(url: str, attempts: int = 2000) -> None:
     raise RuntimeError(f"{url}/ready: not ready on every worker")
 
 
-def traced_router(engine: Proc, ratio: float | None, collector: Collector, tmp: Path) -> Proc:
-    """A router in front of ``engine``, tracing at ``ratio`` into ``collector`` (None: off)."""
+# The --tracing rows: off, a ratio, or the --baseline tree's router.
+Traced = float | None | Path
+
+
+def traced_router(engine: Proc, ratio: Traced, collector: Collector, tmp: Path) -> Proc:
+    """A router in front of ``engine``, tracing at ``ratio`` into ``collector`` (None: off; a
+    path: that tree's router, configured by its defaults)."""
+    args = ["serve", "--host", LOOPBACK, "--backend", engine.url, "--log-level", "warning"]
+    if isinstance(ratio, Path):
+        env = {"PYTHONPATH": str(ratio)}
+        return start_ready(args, tmp, ready_path="/ready", cwd=ratio, env=env)
     tracing = "{enabled: false}"
     if ratio is not None:
         tracing = f"{{enabled: true, endpoint: '{collector.endpoint}', sample_ratio: {ratio}}}"
     config = tmp / f"tracing-{ratio}.yaml"
     config.write_text(f"tracing: {tracing}\n")
-    args = ["serve", "--config", str(config), "--host", LOOPBACK, "--backend", engine.url]
-    return start_ready([*args, "--log-level", "warning"], tmp, ready_path="/ready")
+    return start_ready([*args, "--config", str(config)], tmp, ready_path="/ready")
 
 
 def tracing_cost(args: argparse.Namespace) -> int:
     """CPU per request with tracing off and at each ratio, side by side in rotated rounds."""
-    ratios: list[float | None] = [None, *args.tracing]
-    cpu: dict[float | None, list[float]] = {r: [] for r in ratios}
+    ratios: list[Traced] = [None, *args.tracing, *([args.baseline] if args.baseline else [])]
+    cpu: dict[Traced, list[float]] = {r: [] for r in ratios}
     concurrency = args.concurrency[0]
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -140,7 +151,7 @@ def tracing_cost(args: argparse.Namespace) -> int:
     )
     print(f"  {'tracing':<14} {'CPU ms/req per round':<40} {'median ratio to off':>20}")
     for r in ratios:
-        name = "off" if r is None else f"ratio {r:g}"
+        name = "off" if r is None else "baseline" if isinstance(r, Path) else f"ratio {r:g}"
         rounds = " ".join(f"{c:.3f}" for c in cpu[r])
         ratio = statistics.median(c / off for c, off in zip(cpu[r], cpu[None], strict=True))
         print(f"  {name:<14} {rounds:<40} {ratio:>20.3f}")
@@ -157,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=1, help="kvrouter serve --workers N")
     p.add_argument("--tracing", type=float, nargs="+", help="sampling ratios to compare to off")
     p.add_argument("--rounds", type=int, default=5, help="rounds of --tracing's comparison")
+    p.add_argument("--baseline", type=Path, help="with --tracing: also a router from this tree")
     args = p.parse_args(argv)
     if args.tracing:
         return tracing_cost(args)
