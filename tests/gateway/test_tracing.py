@@ -58,3 +58,26 @@ def test_tracing_attempt_open_at_the_end_is_ended_abandoned() -> None:
     assert [e.name for e in attempt.events] == ["first_byte"]
     assert attempt.context is not None
     assert headers["traceparent"].split("-")[2] == f"{attempt.context.span_id:016x}"
+
+
+def test_tracing_attempt_carries_the_clients_trace_and_tracestate_on() -> None:
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(ALWAYS, exporter)
+    client = CIMultiDict(
+        {
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "tracestate": "vendor=opaque",
+        }
+    )
+    t = tracing.request(client, ROUTE, "rid")
+    headers = dict(t.attempt("http://e", 1))
+    t.attempt_end("200")
+    t.end(200)
+    spans = finished(tracing, exporter)
+    assert headers["tracestate"] == "vendor=opaque"
+    version, trace_id, parent, flags = headers["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", "4bf92f3577b34da6a3ce929d0e0e4736", "01")
+    attempt = spans["attempt"]
+    assert attempt.context is not None and parent == f"{attempt.context.span_id:016x}"
+    server = spans[f"POST {ROUTE}"]
+    assert server.parent is not None and server.parent.span_id == 0x00F067AA0BA902B7
