@@ -247,10 +247,10 @@ class Exchange:
 
     def _first_byte(self, lease: Lease) -> None:
         """The engine took the prompt: record its blocks there and tell the peers."""
-        self.trace.first_byte()
         delta = self.s.core.record(lease, self.s.clock())
         if delta is not None:
             self.s.publish(delta)
+        self.trace.first_byte()
 
     async def _attempt(
         self, lease: Lease, raw: bytes, headers: Sequence[tuple[str, str]]
