@@ -31,12 +31,15 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-# promtool (Debian's prometheus package) checks the /metrics exposition; installed when
-# missing and this is a Debian machine we administer, skipped by its test otherwise.
+# promtool (Debian's prometheus package) checks the /metrics exposition, and tmux is the real
+# terminal `kvrouter top` is tested in; each is installed when missing and this is a Debian
+# machine we administer, and skipped by its test otherwise.
 tools:
-	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	@missing=""; command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	  command -v tmux >/dev/null || missing="$$missing tmux"; \
+	  [ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    --no-install-recommends prometheus >/dev/null; } ; } || echo "promtool not installed"
+	    --no-install-recommends $$missing >/dev/null; } ; } || echo "not installed:$$missing"
 
 unit: install tools
 	$(VENV)/bin/pytest -q

@@ -14,15 +14,25 @@ Starts ``kvrouter engine-sim --fast`` (no model delays, so what is measured is p
 The client, the router and the engine share this machine's cores, so absolute numbers move
 with the machine; compare rows of one run.
 
+With ``--tracing RATIO ...``, the cost of traces instead: one router with tracing off and one
+per sampling ratio (``tracing.sample_ratio``), all in front of the same engine and exporting
+over OTLP/gRPC to a collector in this process (tests.otlp, keeping nothing), loaded in turn
+for ``--rounds`` rounds with their order rotated each round; reports each router's CPU per
+request in every round and its median ratio to the untraced router's in the same rounds.
+``--baseline DIR`` adds a router run from another source tree (an unpacked ``git archive``
+of a commit before tracing existed), to see what tracing costs when off.
+
     python -m bench.proxy_overhead [--requests 300] [--load-requests 2000]
                                    [--concurrency 32 256] [--prompt-chars 2000]
                                    [--workers N]
+                                   [--tracing 1.0 0.01 [--rounds 5] [--baseline DIR]]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import tempfile
 import urllib.request
@@ -32,6 +42,7 @@ from bench.common import chat_body, closed_loop, interleaved, tree_cpu_seconds
 from router.commands.fleet import Proc, running, start_ready
 from router.core.stats import percentile
 from router.hostport import LOOPBACK
+from tests.otlp import Collector
 
 # With several workers, /ready answers 200 this many times in a row on fresh connections
 # (each reaches a worker the kernel picks) before anything is measured.
@@ -87,6 +98,66 @@ def wait_all_ready(url: str, attempts: int = 2000) -> None:
     raise RuntimeError(f"{url}/ready: not ready on every worker")
 
 
+# The --tracing rows: off, a ratio, or the --baseline tree's router.
+Traced = float | None | Path
+
+
+def traced_router(engine: Proc, ratio: Traced, collector: Collector, tmp: Path) -> Proc:
+    """A router in front of ``engine``, tracing at ``ratio`` into ``collector`` (None: off; a
+    path: that tree's router, configured by its defaults)."""
+    args = ["serve", "--host", LOOPBACK, "--backend", engine.url, "--log-level", "warning"]
+    if isinstance(ratio, Path):
+        env = {"PYTHONPATH": str(ratio)}
+        return start_ready(args, tmp, ready_path="/ready", cwd=ratio, env=env)
+    tracing = "{enabled: false}"
+    if ratio is not None:
+        tracing = f"{{enabled: true, endpoint: '{collector.endpoint}', sample_ratio: {ratio}}}"
+    config = tmp / f"tracing-{ratio}.yaml"
+    config.write_text(f"tracing: {tracing}\n")
+    return start_ready([*args, "--config", str(config)], tmp, ready_path="/ready")
+
+
+def tracing_cost(args: argparse.Namespace) -> int:
+    """CPU per request with tracing off and at each ratio, side by side in rotated rounds."""
+    ratios: list[Traced] = [None, *args.tracing, *([args.baseline] if args.baseline else [])]
+    cpu: dict[Traced, list[float]] = {r: [] for r in ratios}
+    concurrency = args.concurrency[0]
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        Collector(keep=False) as collector,
+        running([]) as procs,
+    ):
+        engine = start_ready(["engine-sim", "--fast"], Path(tmp))
+        procs.append(engine)
+        routers = {r: traced_router(engine, r, collector, Path(tmp)) for r in ratios}
+        procs.extend(routers.values())
+        for n in range(args.rounds):
+            for r in ratios[n % len(ratios) :] + ratios[: n % len(ratios)]:
+                row = asyncio.run(
+                    load(
+                        routers[r].url,
+                        routers[r].popen.pid,
+                        args.load_requests,
+                        concurrency,
+                        args.prompt_chars,
+                        args.max_tokens,
+                    )
+                )
+                cpu[r].append(row["cpu_ms_per_request"])
+        spans = collector.count
+    print(
+        f"Router CPU per request with tracing, {args.rounds} rounds of {args.load_requests} "
+        f"streamed requests at concurrency {concurrency} per router ({spans} spans received)"
+    )
+    print(f"  {'tracing':<14} {'CPU ms/req per round':<40} {'median ratio to off':>20}")
+    for r in ratios:
+        name = "off" if r is None else "baseline" if isinstance(r, Path) else f"ratio {r:g}"
+        rounds = " ".join(f"{c:.3f}" for c in cpu[r])
+        ratio = statistics.median(c / off for c, off in zip(cpu[r], cpu[None], strict=True))
+        print(f"  {name:<14} {rounds:<40} {ratio:>20.3f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=300, help="sequential requests per path")
@@ -95,7 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-chars", type=int, default=2000)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--workers", type=int, default=1, help="kvrouter serve --workers N")
+    p.add_argument("--tracing", type=float, nargs="+", help="sampling ratios to compare to off")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of --tracing's comparison")
+    p.add_argument("--baseline", type=Path, help="with --tracing: also a router from this tree")
     args = p.parse_args(argv)
+    if args.tracing:
+        return tracing_cost(args)
 
     with tempfile.TemporaryDirectory() as tmp, running([]) as procs:
         tmp_path = Path(tmp)

@@ -21,6 +21,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "router.commands.demo",
         "start engines and a router, compare policies live",
     ),
+    "top": ("router.commands.top", "watch the fleet as its routers see it, live"),
 }
 
 

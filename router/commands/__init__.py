@@ -3,6 +3,8 @@
 - ``serve``: the gateway (router.gateway) in front of OpenAI-compatible engines.
 - ``simulate``: replay a trace through the routing core offline (``traces`` reads the files).
 - ``policy``: ``policy check``, validate policy files before they go live.
+- ``top``: a live table of the fleet in a terminal, from the routers' public endpoints;
+  ``top_model`` computes what it shows (no I/O).
 - ``demo``: simulated engines and the gateway as real processes, round-robin against kv-aware;
   ``demo_kv_events`` is its ``--kv-events`` mode, and ``demo_workload`` what both modes share
   (engines, workload, client, tables).

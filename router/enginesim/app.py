@@ -1,7 +1,8 @@
 """engine-sim's HTTP surface: the aiohttp app, its routes, and the pace of its answers.
 
 Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models,
-/health, /metrics (vLLM's names, ``router.enginesim.metrics``), /stats (JSON counters);
+/health, /metrics (vLLM's names, ``router.enginesim.metrics``), /stats (JSON counters, and
+the ``traceparents`` the latest generation requests carried);
 POST /reset (empty the cache, the clock and the counters); POST /fault (below); POST /tokenize
 (vLLM's shape: ``{"model", "prompt"}`` or ``{"model", "messages", ...}`` answers
 ``{"tokens": [...], "count": N, "max_model_len": M}``, the ids of ``tokens.token_ids``);
@@ -93,6 +94,8 @@ HANG_LIMIT_SECONDS = 300.0
 DROP_AFTER_TOKENS = 2
 # In-flight streams get this long to finish on SIGTERM before they are cancelled.
 SHUTDOWN_GRACE_SECONDS = 2.0
+# A W3C traceparent is 55 characters; /stats keeps no more of whatever a client sends.
+TRACEPARENT_CHARS = 64
 
 ENGINE = web.AppKey("engine", Engine)
 RUNS = web.AppKey("runs", Runs)
@@ -206,6 +209,8 @@ async def _answer(
 
 async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     engine = request.app[ENGINE]
+    if "traceparent" in request.headers:
+        engine.traceparents.append(request.headers["traceparent"][:TRACEPARENT_CHARS])
     drop = await _take_fault(request)
     gen = parse_generation(await request.read(), endpoint, engine.settings)
     ticket = engine.admit(gen.keys, gen.prompt_tokens, gen.max_tokens)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -32,6 +33,8 @@ ENGINE_KINDS: tuple[EngineKind, ...] = ("vllm", "sglang")
 
 FaultMode = Literal["status", "hang", "drop-mid-stream"]
 FAULT_MODES: tuple[FaultMode, ...] = ("status", "hang", "drop-mid-stream")
+# ``/stats`` lists the traceparent headers of this many latest generation requests.
+TRACEPARENTS_KEPT = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,9 @@ class Engine:
         # other clients queued them.
         self.extra_waiting = 0
         self._ids = itertools.count()
+        # The W3C trace contexts the latest generation requests came with, newest last, so a
+        # test can see which span a router made the engine's parent.
+        self.traceparents: deque[str] = deque(maxlen=TRACEPARENTS_KEPT)
 
     def admit(self, keys: Sequence[int], prompt_tokens: int, output_tokens: int) -> Ticket:
         """Look the prompt up in the cache (then cache it), schedule it, count it."""
@@ -175,6 +181,7 @@ class Engine:
         self.cache.clear()
         self.clock.reset()
         self.counters = Counters()
+        self.traceparents.clear()
 
     def stats(self) -> dict[str, Any]:
         """Counters and gauges as JSON-ready values (``GET /stats``)."""
@@ -199,4 +206,5 @@ class Engine:
             "cache_capacity_tokens": spec.capacity_tokens,
             "block_tokens": spec.block_tokens,
             "fast": self.settings.fast,
+            "traceparents": list(self.traceparents),
         }

@@ -9,6 +9,8 @@ One request, one ``exchange``; every sub-package serves it, and each opens with 
 - ``app``: the aiohttp application over a ``Gateway``: the generation, read-only and admin
   routes, and the background loops it owns (each started and stopped by a cleanup context).
 - ``metrics``: the Prometheus registry the app owns (output; ``fleet.scrape`` is input).
+- ``tracing``: OpenTelemetry spans of each request (off by default), and the W3C trace context
+  each attempt sends its engine.
 - ``openai/``: the protocol, no I/O: the request body parsed once, the error tree and its one
   renderer, Server-Sent Events framing. engine-sim imports only this package of the gateway.
 - ``inbound/``: the client's side: connections, API keys, the body read, the request id,

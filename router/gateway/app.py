@@ -221,6 +221,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         tokenizer = app[GATEWAY].tokenizer
         if tokenizer is not None:
             await tokenizer.close()
+        await app[GATEWAY].tracing.close()
 
 
 def build_app(gw: Gateway) -> web.Application:

@@ -100,6 +100,7 @@ class Exchange:
         # Names the request in client-facing errors and in every log line about it.
         self.id = request_id(request.headers.get("X-Request-Id", ""))
         request[REQUEST_ID] = self.id
+        self.trace = s.tracing.request(request.headers, route, self.id)
 
     async def run(self) -> web.StreamResponse:
         """Serve the request; every failure becomes an OpenAI-shaped error response."""
@@ -125,6 +126,7 @@ class Exchange:
         finally:
             m.requests.labels(self.route, str(self.status or 500)).inc()
             m.duration.observe(self.s.clock() - self.t0)
+            self.trace.end(self.status or 500)
 
     async def _serve(self) -> web.StreamResponse:
         s = self.s
@@ -132,6 +134,7 @@ class Exchange:
         inbound, raw = s.aliases().rewrite(await s.bodies.parse(raw, self.route), raw)
         # Flow control: wait here (bounded) while every engine that could serve it is full.
         rules = s.admission.rules
+        self.trace.admission()
         await s.admission.enter(
             s.pool.candidates(inbound.model),
             priority_of(inbound.body, self.request.headers, rules.priority_header),
@@ -142,6 +145,7 @@ class Exchange:
                 self.request.get(KEY_NAME),
             ),
         )
+        self.trace.admitted()
         try:
             return await self._route(inbound, raw)
         finally:
@@ -153,6 +157,7 @@ class Exchange:
         t = time.perf_counter()
         d = decide(s, inbound, self.request.headers, tokenized)
         s.metrics.decision.observe(time.perf_counter() - t)
+        self.trace.decision(d, time.perf_counter() - t)
         if d.engine is None:
             raise NoEngine("no engine can take the request right now")
         s.metrics.overlap.observe(d.overlap_ratio)
@@ -162,6 +167,7 @@ class Exchange:
             request_id=self.id,
             pass_credentials=s.forwarding.client_credentials,
             trust_forwarding=s.forwarding.trust_forwarding_headers,
+            own_trace_context=s.tracing.enabled,
         )
         plan = d.plan()[: max(1, s.limits.max_attempts)]
         # Request-shaped failures (see UpstreamError.request_shaped) wait here for a verdict:
@@ -187,8 +193,11 @@ class Exchange:
                 await self._before_retry(attempt, engine)
             lease = s.core.acquire(d, engine, s.clock())
             try:
-                resp = await self._attempt(lease, raw, headers)
+                resp = await self._attempt(
+                    lease, raw, [*headers, *self.trace.attempt(engine, attempt)]
+                )
             except UpstreamError as e:
+                self.trace.attempt_end(e.label)
                 # A request-shaped failure is blamed on its engine only once another answers.
                 self._failed(engine, e, blame=not e.request_shaped)
                 if e.request_shaped and suspects:
@@ -215,6 +224,7 @@ class Exchange:
                 continue
             finally:
                 s.core.release(lease)
+            self.trace.attempt_end(str(resp.status))
             self._blame(suspects)
             return resp
         raise AssertionError("unreachable: the last attempt returns or raises")
@@ -253,6 +263,7 @@ class Exchange:
         delta = self.s.core.record(lease, self.s.clock())
         if delta is not None:
             self.s.publish(delta)
+        self.trace.first_byte()
 
     async def _attempt(
         self, lease: Lease, raw: bytes, headers: Sequence[tuple[str, str]]

@@ -34,6 +34,7 @@ from router.gateway.config.models import ModelAliases
 from router.gateway.config.reload import ModelsWatcher, PolicyWatcher, Result
 from router.gateway.config.serving import Forwarding, Limits, Timeouts
 from router.gateway.config.settings import Config
+from router.gateway.config.tracing import export
 from router.gateway.fleet.pool import EnginePool, Resolver, resolve_dns
 from router.gateway.fleet.scrape import EngineMetricsScraper
 from router.gateway.inbound.admission import Admission
@@ -46,6 +47,7 @@ from router.gateway.precise.kv_events import EventMetrics, Subscriber
 from router.gateway.precise.tokenize import Tokenizer
 from router.gateway.replicas.delegate import run_origin
 from router.gateway.runtime.drain import Drain
+from router.gateway.tracing import Tracing
 from router.gateway.upstream.abort import Aborts
 from router.gateway.upstream.client import HttpUpstream, Upstream
 from router.gateway.upstream.relay import HoldBudget
@@ -91,6 +93,8 @@ class Services:
     aborts: Aborts = field(default_factory=Aborts)
     # The model aliases live now (router.gateway.config.models; the config file is watched).
     aliases: Callable[[], ModelAliases] = ModelAliases
+    # Spans of each request, and the trace context engines get (router.gateway.tracing).
+    tracing: Tracing = field(default_factory=lambda: Tracing(None))
 
 
 class Gateway:
@@ -216,6 +220,8 @@ class Gateway:
                 local=configured(kv.tokenizer, config.engines.key("kv_events.tokenizer")),
                 holds=self.precise.held_whole,
             )
+        # Raises ConfigError: no start on a tracing setup (file, OTEL_* variables) it cannot honour.
+        self.tracing = Tracing(export(config.tracing, environ))
         # Client connections of this process: the cap and the header deadline (runtime).
         self.connections = Connections(config.limits)
         self.bodies = BodyParser(
@@ -241,6 +247,7 @@ class Gateway:
             drain=self.drain,
             aborts=self.aborts,
             aliases=lambda: self.models,
+            tracing=self.tracing,
         )
 
     def _healthy(self) -> Mapping[str, bool]:

@@ -130,6 +130,7 @@ ROUTER_CONFIG_KEYS = frozenset(
         "forwarding",
         "drain",
         "models",
+        "tracing",
     }
 )
 # The presets the chart ships: the router's own (tests check that the files are the same bytes).

@@ -80,6 +80,12 @@ camelCase; the file's keys are the router's snake_case names.
     "client_credentials" $r.forwarding.clientCredentials
     "trust_forwarding_headers" $r.forwarding.trustForwardingHeaders)
   "drain" (dict "grace_seconds" $grace)
+  "tracing" (dict
+    "enabled" $r.tracing.enabled
+    "endpoint" $r.tracing.endpoint
+    "protocol" $r.tracing.protocol
+    "sample_ratio" ($r.tracing.sampleRatio | float64)
+    "service_name" $r.tracing.serviceName)
   "admin_token_env" "KVROUTER_ADMIN_TOKEN"
   "gossip" (dict
     "enabled" .Values.gossip.enabled

@@ -8,6 +8,7 @@
 - ``gossip``: the ``gossip`` section.
 - ``models``: the ``models`` section: model aliases and patterns, and the request rewritten to
   the served name.
+- ``tracing``: the ``tracing`` section, and the standard ``OTEL_*`` variables over it.
 - ``overrides``: the command-line flags, applied over the file's values.
 - ``engine_keys``: the API key each engine is sent, read from the environment once.
 - ``reload``: hot reload of the policy file, and of the config file's ``models`` section.

@@ -52,12 +52,14 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
     models:                                      # hot reloaded (router.gateway.config.models)
       aliases: {}                                # {ALIAS: SERVED_NAME}
       patterns: []                               # [{match: GLOB, model: SERVED_NAME}], in order
+    tracing: {enabled: false, endpoint: "", protocol: grpc, sample_ratio: 1.0,
+              service_name: kvrouter}    # OTEL_* variables win (router.gateway.config.tracing)
 
 This module defines ``listen``, ``policy_reload`` and ``health``, and composes every section into
 ``Config``. The others live in this package's ``serving`` (how a request is served: ``timeouts``,
 ``limits``, ``auth``, ``forwarding``, ``drain``, ``flow_control``), ``engines`` (``engines``,
-``engine_metrics``), ``gossip`` and ``models`` (model aliases, the one section applied again
-when the file changes: router.gateway.config.reload).
+``engine_metrics``), ``gossip``, ``tracing`` and ``models`` (model aliases, the one section
+applied again when the file changes: router.gateway.config.reload).
 
 Every section and field is optional. There are no engines by default, and an empty
 ``engines.dns.name`` means no DNS discovery. Gossip listens on ``listen.host`` at
@@ -100,6 +102,7 @@ from router.gateway.config.serving import (
     limits,
     timeouts,
 )
+from router.gateway.config.tracing import TracingSettings, tracing
 from router.yaml_files import read_text
 
 # A server in a pod must listen on every interface to be reachable through its Service.
@@ -160,6 +163,7 @@ class Config:
     models: ModelAliases = field(default_factory=ModelAliases)
     # The file this config was read from ("": none), for the watcher of its models section.
     source: str = field(default="", compare=False)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
 
 def _listen(f: ConfigFields | None) -> Listen:
@@ -236,6 +240,7 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
         forwarding=forwarding(f.sub("forwarding")),
         drain=drain(f.sub("drain")),
         models=models(f.sub("models")),
+        tracing=tracing(f.sub("tracing")),
     )
     f.done()
     return cfg

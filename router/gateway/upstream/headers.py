@@ -58,18 +58,22 @@ _DROPPED_TO_ENGINE = _NOT_TO_ENGINE | {"x-forwarded-for"}
 # own); a client can write any forwarding header it likes, so by default none is believed.
 CLIENT_CREDENTIALS = frozenset({"authorization", "cookie"})
 CLIENT_FORWARDING = frozenset({"forwarded", "x-real-ip", "x-forwarded-host", "x-forwarded-proto"})
-# The dropped set for each (pass_credentials, trust_forwarding, replace_request_id), built once:
-# no set is made per request on the common path.
-_DROP: dict[tuple[bool, bool, bool], frozenset[str]] = {
-    (creds, trust, rid): frozenset(
+# W3C trace context: replaced by the router's own when it traces (router.gateway.tracing).
+TRACE_CONTEXT = frozenset({"traceparent", "tracestate"})
+# The dropped set for each (pass_credentials, trust_forwarding, replace_request_id,
+# replace_trace_context), built once: no set is made per request on the common path.
+_DROP: dict[tuple[bool, bool, bool, bool], frozenset[str]] = {
+    (creds, trust, rid, traced): frozenset(
         _DROPPED_TO_ENGINE
         | (frozenset() if creds else CLIENT_CREDENTIALS)
         | (frozenset() if trust else CLIENT_FORWARDING)
         | ({"x-request-id"} if rid else frozenset())
+        | (TRACE_CONTEXT if traced else frozenset())
     )
     for creds in (False, True)
     for trust in (False, True)
     for rid in (False, True)
+    for traced in (False, True)
 }
 _NONE: frozenset[str] = frozenset()
 
@@ -92,16 +96,19 @@ def engine_headers(
     request_id: str = "",
     pass_credentials: bool = False,
     trust_forwarding: bool = False,
+    own_trace_context: bool = False,
 ) -> list[tuple[str, str]]:
     """The client's headers as the engine gets them: no hop-by-hop, X-Forwarded-For appended.
 
     Unless asked, the client's ``Authorization`` and ``Cookie`` stay here, and its forwarding
     headers (``Forwarded``, ``X-Real-IP``, ``X-Forwarded-*``) are dropped, X-Forwarded-For
     then naming only the peer: behind a trusted proxy, ``trust_forwarding`` keeps the chain.
-    With ``request_id``, the engine gets it as X-Request-Id (vLLM takes it as its own).
+    With ``request_id``, the engine gets it as X-Request-Id (vLLM takes it as its own). With
+    ``own_trace_context`` the client's ``traceparent`` and ``tracestate`` stay here: each
+    attempt adds the router's own.
     """
     named = _connection_named(headers)
-    drop = _DROP[pass_credentials, trust_forwarding, bool(request_id)]
+    drop = _DROP[pass_credentials, trust_forwarding, bool(request_id), own_trace_context]
     if named:
         drop = drop | named
     out = [(k, v) for k, v in headers.items() if k.lower() not in drop]

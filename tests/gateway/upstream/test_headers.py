@@ -137,6 +137,24 @@ def test_engine_headers_configured_to_pass_them() -> None:
     assert got["X-Forwarded-For"] == "6.6.6.6, 10.0.0.9"
 
 
+TRACED = CIMultiDict(
+    [
+        ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        ("TraceState", "vendor=opaque"),
+        ("Content-Type", "application/json"),
+    ]
+)
+
+
+def test_engine_headers_pass_the_client_trace_context_unless_the_router_traces() -> None:
+    passed = engine_headers(TRACED, None)
+    assert [(k, v) for k, v in passed if k.lower() in ("traceparent", "tracestate")] == [
+        *TRACED.items()
+    ][:2]
+    own = dict(engine_headers(TRACED, None, own_trace_context=True))
+    assert own == {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+
+
 def test_client_headers_drop_hop_by_hop_and_length() -> None:
     h = CIMultiDict(
         {
