@@ -27,6 +27,12 @@ _RECONNECT_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
+# A fresh channel (a new connection) after these. UNAVAILABLE: the peer may have restarted
+# elsewhere. DEADLINE_EXCEEDED: the connection may be dead without either end knowing, as
+# after a partition that dropped packets: gRPC keeps it and TCP retransmits on it, backing
+# off for minutes, so a healed fleet would stay apart that long.
+_REDIAL_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
 
 class GrpcTransport(Transport):
     """Serves the gossip handler on ``bind`` and calls peers over pooled channels."""
@@ -99,8 +105,7 @@ class GrpcTransport(Transport):
         try:
             reply: bytes = await method(payload, timeout=timeout)
         except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
-                # A fresh channel next time: the peer may have restarted elsewhere.
+            if e.code() in _REDIAL_CODES:
                 self._drop(address)
             raise TransportError(f"{address}: {e.code().name}: {e.details()}") from e
         return reply
