@@ -8,7 +8,8 @@ The node owns four loops, all started by ``start`` and cancelled by ``stop``:
 - probe (every ``probe_interval``): SWIM ping, indirect ping, suspect; expire suspicions,
   forget the long dead, drop load reports past their TTL;
 - push-pull (every ``push_pull_interval``): exchange membership and digests with one random
-  peer and repair both sides; a peer too far behind is advised to fetch a snapshot;
+  peer and repair both sides, and try one member declared dead (it may only have been cut
+  off); a peer too far behind is advised to fetch a snapshot;
 - rejoin (every ``rejoin_interval``): resolve seeds and the DNS name, push-pull with
   addresses no live member has.
 
@@ -235,10 +236,22 @@ class GossipNode:
         self._state.suspect(target, self._clock.now())
 
     async def _push_pull_random(self) -> None:
-        peers = self._state.members.peers(State.ALIVE)
+        table = self._state.members
+        dead = table.peers(State.DEAD)
+        if dead:
+            # As memberlist gossips to the dead: a member declared dead may only have been cut
+            # off. Once the network heals, this exchange tells it so (it refutes) and repairs
+            # both sides, without waiting for the rejoin loop; the dead are tried only until
+            # they are forgotten (dead_reclaim).
+            peer = self._rng.choice(dead)
+            self._spawn(f"dead:{peer.address}", self._revive(peer.address, peer.id))
+        peers = table.peers(State.ALIVE)
         if peers:
             peer = self._rng.choice(peers)
             await self._push_pull(peer.address, peer.id)
+
+    async def _revive(self, address: str, node_id: str) -> None:
+        await self._push_pull(address, node_id)
 
     async def _rejoin(self) -> None:
         table = self._state.members
