@@ -16,7 +16,7 @@ import grpc
 import grpc.aio
 
 from router.gossip.config import GossipConfig, TlsFiles
-from router.gossip.transport import Handler, Refused, Transport, TransportError
+from router.gossip.transport import Handler, PeerRefused, Refused, Transport, TransportError
 from router.gossip.wire import EXCHANGE_PATH, SERVICE
 
 # Redial a restarted peer quickly: gRPC's default reconnect backoff grows to two minutes,
@@ -107,7 +107,8 @@ class GrpcTransport(Transport):
         except grpc.aio.AioRpcError as e:
             if e.code() in _REDIAL_CODES:
                 self._drop(address)
-            raise TransportError(f"{address}: {e.code().name}: {e.details()}") from e
+            failed = PeerRefused if e.code() == grpc.StatusCode.UNAUTHENTICATED else TransportError
+            raise failed(f"{address}: {e.code().name}: {e.details()}") from e
         return reply
 
     def _channel(self, address: str) -> grpc.aio.Channel:

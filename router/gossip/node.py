@@ -36,10 +36,11 @@ from router.gossip.delegate import Delegate
 from router.gossip.discovery import Discovery, Resolver, system_resolver
 from router.gossip.envelope import EnvelopeCodec, body_of
 from router.gossip.membership import Member, State
+from router.gossip.skew import SkewWatch
 from router.gossip.snapshot import SnapshotSessions
 from router.gossip.state import NodeState
 from router.gossip.stats import Counters, GossipStats
-from router.gossip.transport import Refused, Transport, TransportError
+from router.gossip.transport import PeerRefused, Refused, Transport, TransportError
 from router.gossip.wire import pb
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class GossipNode:
         )
         self._state = NodeState(self.node_id, t, delegate, self._counters)
         self._sessions = SnapshotSessions(t.snapshot_sessions, t.snapshot_session_ttl)
+        self._skew = SkewWatch(t.replay_window, t.max_members)
         self._snapshot_at = -math.inf
         self._catching_up = False
         self._loops: list[asyncio.Task[None]] = []
@@ -277,11 +279,20 @@ class GossipNode:
         payload = self._envelopes.seal(request)
         try:
             raw = await self._transport.call(address, payload, timeout or self.tuning.call_timeout)
+        except PeerRefused as e:
+            # Unlike a failed call, a refusal is no network fault: say so, now and then.
+            self._counters.call_failures += 1
+            if self._skew.due(f"refused by {address}", self._clock.now()):
+                log.warning("gossip: a message from %s was refused (%s)", self.node_id, e)
+            return None
         except TransportError as e:
             self._counters.call_failures += 1
             log.debug("gossip call from %s to %s failed: %s", self.node_id, address, e)
             return None
-        return self._envelopes.answer(raw, request)
+        reply = self._envelopes.answer(raw, request)
+        if reply is not None:
+            self._clock_skew(reply.sender, reply.sent_unix_ms / 1000 - self._clock.wall())
+        return reply
 
     async def _call(
         self,
@@ -368,11 +379,20 @@ class GossipNode:
 
     # -- serving -------------------------------------------------------------------------------
 
+    def _clock_skew(self, peer: str, skew: float) -> None:
+        line = self._skew.observe(peer, skew, self._clock.now())
+        if line is not None:
+            log.warning("%s (seen by %s)", line, self.node_id)
+
     async def _handle(self, payload: bytes) -> bytes:
+        wall = self._clock.wall()
         try:
-            frame = self._envelopes.accept(payload, self._clock.wall())
+            frame = self._envelopes.accept(payload, wall)
         except AuthError as e:
+            if e.skew is not None:
+                self._clock_skew(e.sender, e.skew)
             raise Refused(str(e)) from e
+        self._clock_skew(frame.sender, frame.sent_unix_ms / 1000 - wall)
         kind = frame.WhichOneof("body")
         handler = self._handlers.get(kind or "")
         if not self._running or handler is None or frame.sender == self.node_id:

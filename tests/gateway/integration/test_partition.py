@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from router.gossip.clock import TEST_SKEW_ENV
 from tests.gateway.integration.connect_proxy import ConnectProxy
 from tests.support import Proc, ametric, eventually, free_port, running, start_kvrouter
 
@@ -117,7 +118,11 @@ class Fleet:
 
 
 @contextlib.asynccontextmanager
-async def fleet_of_three(tmp: Path) -> AsyncIterator[Fleet]:
+async def fleet_of_three(
+    tmp: Path, skews: dict[str, float] | None = None, alive: int = 2
+) -> AsyncIterator[Fleet]:
+    """Three replicas (with their gossip clocks off by ``skews`` seconds), started once each
+    sees ``alive`` others alive."""
     proxies = {n: await ConnectProxy(n).start() for n in NAMES}
     ports = {n: free_port() for n in NAMES}
     gossip = {n: f"127.0.0.1:{p}" for n, p in ports.items()}
@@ -145,11 +150,15 @@ async def fleet_of_three(tmp: Path) -> AsyncIterator[Fleet]:
                     # Set, so that no no_proxy inherited from the machine bypasses the proxy.
                     "no_grpc_proxy": "nothing.invalid",
                 }
+                if name in (skews or {}):
+                    env[TEST_SKEW_ENV] = str((skews or {})[name])
                 replicas[name] = await asyncio.to_thread(start_kvrouter, args, tmp, env=env)
                 procs.append(replicas[name])
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
                 f = Fleet(http, replicas, proxies, gossip)
-                await eventually(lambda: all_alive(f, 2), timeout=30)
+                await eventually(
+                    lambda: all_alive(f, alive, tuple(set(NAMES) - set(skews or {}))), timeout=30
+                )
                 yield f
             for name, proc in replicas.items():
                 assert proc.stop() == 0, name
@@ -285,3 +294,35 @@ async def test_replica_cut_off_and_healed_loses_no_request_counts_load_once(
             assert await ametric(proc, "kvrouter_backend_inflight_requests") == 0, name
         # The cut was real: every replica's gossip went through its proxy.
         assert all(p.tunnels_opened > 0 for p in f.proxies.values())
+
+
+async def test_replica_minutes_off_refused_both_ways_each_log_names_the_other(
+    tmp_path: Path,
+) -> None:
+    async with fleet_of_three(tmp_path, skews={"c": -300.0}, alive=1) as f:
+        a, c = f.replicas["a"], f.replicas["c"]
+
+        def said(proc: Proc, *words: str) -> bool:
+            return any(all(w in line for w in words) for line in proc.log().splitlines())
+
+        await eventually(lambda: said(a, "refusing c", "-300", "replay window"), timeout=20)
+        await eventually(
+            lambda: said(c, "a message from c was refused", "stale", "-300"), timeout=20
+        )
+        assert await ametric(a, "kvrouter_gossip_refused_total", reason="stale") > 0
+        assert await f.alive("c") == 0
+        # What c routes stays c's: a never hears of it.
+        body = chat("routed by the replica with the wrong clock " + SYSTEM, "first")
+        async with f.http.post(f"{c.url}{CHAT}", json=body) as r:
+            assert r.status == 200, await r.text()
+        assert any(v > 0 for v in (await f.overlap("c", body)).values())
+        assert await all_alive(f, 1, ("a", "b"))
+        assert set((await f.overlap("a", body)).values()) == {0}
+
+
+async def test_replica_seconds_off_tolerated_joins_with_a_warning(tmp_path: Path) -> None:
+    async with fleet_of_three(tmp_path, skews={"c": 12.0}) as f:
+        await eventually(lambda: all_alive(f, 2), timeout=20)
+        a = f.replicas["a"]
+        await eventually(lambda: "c's clock is +12" in a.log() and "tolerated" in a.log())
+        assert await ametric(a, "kvrouter_gossip_refused_total", reason="stale") == 0
