@@ -340,12 +340,34 @@ class GossipNode:
             await self._call(address, peer_id, updates=updates)
         if reply.snapshot_advised:
             self._catch_up(address, peer_id)
+        self._repair_skipped(address, peer_id)
         return True
+
+    def _repair_skipped(self, address: str, node_id: str) -> None:
+        """When deltas were passed over, a snapshot: from their origin's node when it is alive
+        (it holds its own blocks; delegates name origins NODE/RUN), else from ``node_id``."""
+        skipped = self._state.deltas.skipped
+        if not skipped:
+            return
+        for origin in skipped:
+            member = self._state.members.get(origin.rpartition("/")[0] or origin)
+            if member is not None and member.state is State.ALIVE and member.id != self.node_id:
+                address, node_id = member.address, member.id
+                break
+        self._catch_up(address, node_id)
 
     def _catch_up(self, address: str, node_id: str) -> None:
         now = self._clock.now()
         if self._catching_up or now - self._snapshot_at < self.tuning.snapshot_cooldown:
             return
+        if self._state.deltas.skipped:
+            log.info(
+                "gossip: %s missed deltas of %d origin(s) (more came past a gap than it keeps "
+                "waiting); fetching a snapshot from %s",
+                self.node_id,
+                len(self._state.deltas.skipped),
+                node_id or address,
+            )
         self._snapshot_at = now
         self._spawn(f"snapshot:{address}", self._fetch_snapshot(address, node_id))
 
@@ -400,6 +422,9 @@ class GossipNode:
         else:
             try:
                 reply_kind, body = await handler(getattr(frame, kind or ""))
+                sender = self._state.members.get(frame.sender)
+                if sender is not None:
+                    self._repair_skipped(sender.address, sender.id)
             except Exception:
                 # A delegate that fails on one message must not take the server down with it.
                 self._counters.errors += 1

@@ -244,6 +244,7 @@ class NodeState:
         """What a restored snapshot covers: its delta floors count as held, its loads merge."""
         floors = digest_map(first.covers.deltas)
         self.deltas.advance(floors)
+        self.deltas.skipped.clear()
         self._delegate.mark_seen(floors)
         for report in first.loads:
             self.merge_load(report, now)

@@ -166,6 +166,27 @@ async def test_fleet_partition_healed_before_rejoin_dead_replica_alive_load_coun
         await f.close()
 
 
+async def test_fleet_partition_more_deltas_than_a_window_waits_for_repaired_by_snapshot() -> None:
+    # r0 keeps the bodies of its newest 5000 deltas: after the heal its peers get those, more
+    # than a window holds above the gap of the first 1000, which they never will get as deltas.
+    f = Fleet(tuning=dataclasses.replace(LOCAL, retained_per_origin=5000, local_queue=8192))
+    try:
+        rs = await f.start(3)
+        assert await f.settle(lambda: all_see(rs, 2), limit=2.0)
+        for r in rs[1:]:
+            f.network.partition(rs[0].address, r.address)
+        for i in range(6000):
+            rs[0].record(f"e{i % 3}", [i])
+            if i % 500 == 0:
+                await f.clock.advance(0.05)  # type: ignore[attr-defined]
+        f.network.heal()
+        assert await f.settle(lambda: same_contents(rs), limit=10.0)
+        assert sum(len(r.index) for r in rs) == 3 * 6000
+        assert all(r.node.stats().counters.snapshots_received >= 1 for r in rs[1:])
+    finally:
+        await f.close()
+
+
 async def test_fleet_late_joiner_past_retention_catches_up_by_snapshot() -> None:
     f = Fleet(tuning=dataclasses.replace(LOCAL, retained_per_origin=4))
     try:
