@@ -140,6 +140,11 @@ class NodeState:
     def _spread(self, change: Change) -> None:
         m = change.member
         self._member_q.push(m.id, member_to_pb(m), len(m.id) + len(m.address) + 16)
+        before = change.before
+        if m.state is State.ALIVE and (before is None or before.state is State.DEAD):
+            # A member joined or came back (a healed partition): it holds no report of this
+            # node's load, so the next round sends one, unchanged or not.
+            self._load_sent = None
         if change.died and m.id != self.node_id:
             self._load_q.discard(m.id)
             if self.loads.forget(m.id):
