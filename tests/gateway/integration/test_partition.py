@@ -184,7 +184,8 @@ class Held:
             first = asyncio.get_running_loop().create_future()
             body = chat(f"held {name} {i} " + SYSTEM, "go", stream=True, max_tokens=1_000_000)
             self.tasks.append(asyncio.create_task(self._hold(f, name, body, first)))
-            await first
+            async with asyncio.timeout(30):  # the stream's first bytes, or the test fails
+                await first
             self.started[name] = self.started.get(name, 0) + 1
 
     @staticmethod
