@@ -3,11 +3,13 @@
 Cut like hashicorp/memberlist, one concern per module:
 
 - ``config``: ``GossipConfig`` and the ``LAN`` / ``LOCAL`` tuning presets.
-- ``clock``: injectable time (``SystemClock``; ``ManualClock`` for tests and benches).
+- ``clock``: injectable time (``SystemClock``; ``ManualClock`` for tests and benches;
+  ``SkewedClock``, a wrong one, for tests of real processes).
 - ``transport``: the ``Transport`` seam and the in-memory network; ``grpc_transport``: gRPC,
   with the mutual-TLS credentials.
 - ``wire``: the generated messages, and conversions between them and this library's values.
 - ``auth``: the shared-secret MAC and the replay window.
+- ``skew``: peers' clocks against this node's: what is tolerated, what refused, what logged.
 - ``envelope``: frames sealed into envelopes, each for one recipient, and opened; refusals
   counted by reason (no I/O).
 - ``membership``: the SWIM member table (no I/O).

@@ -22,9 +22,14 @@ class AuthError(Exception):
     """A frame was refused; ``reason`` is its metric label (mac, malformed, recipient, stale,
     replay)."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(
+        self, reason: str, detail: str, *, sender: str = "", skew: float | None = None
+    ) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
+        # For a stale frame: who sent it (its MAC verified) and how far its clock seems off.
+        self.sender = sender
+        self.skew = skew
 
 
 class Sealer:
@@ -72,7 +77,10 @@ class ReplayGuard:
     def check(self, sender: str, nonce: int, sent: float, now: float) -> None:
         """Record the frame or raise AuthError (``stale`` or ``replay``)."""
         if abs(now - sent) > self.window:
-            raise AuthError("stale", f"frame sent {now - sent:+.1f}s from now, outside the window")
+            detail = f"frame stamped {sent - now:+.1f}s from the recipient's clock, beyond"
+            raise AuthError(
+                "stale", f"{detail} the {self.window:g}s window", sender=sender, skew=sent - now
+            )
         if sent <= self._floor:
             raise AuthError("replay", "frame older than the replay memory")
         key = (sender, nonce)

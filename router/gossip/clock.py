@@ -1,8 +1,10 @@
 """Time for the gossip layer, passed in so that tests and benches control it.
 
-``SystemClock`` is the event loop's clock. ``ManualClock`` is virtual time: sleepers wake only
-when ``advance`` moves the clock past their deadline, so many replicas in one process run a
-minute of gossip in a fraction of a second, the same way every time. It is every test's clock:
+``SystemClock`` is the event loop's clock; ``SkewedClock`` another with its wall time off by a
+set amount, for tests of a replica whose clock is wrong (``system_clock`` picks one).
+``ManualClock`` is virtual time: sleepers wake only when ``advance`` moves the clock past their
+deadline, so many replicas in one process run a minute of gossip in a fraction of a second,
+the same way every time. It is every test's clock:
 called, it reads ``now()``, so it also stands where the gateway takes a ``Callable[[], float]``
 and its ``now()`` is the float the core takes.
 """
@@ -12,13 +14,19 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
+
+from router.core.fields import ConfigError
 
 # Loop iterations given to woken tasks before the clock moves on: enough for a gossip exchange
 # over the in-memory transport (a few task hand-offs) to finish at the time it started.
 SETTLE_ITERATIONS = 12
+# For tests only: seconds to add to a real process's gossip wall clock, so that a test can
+# run a replica whose clock is wrong. Never set it in production.
+TEST_SKEW_ENV = "KVROUTER_GOSSIP_TEST_CLOCK_SKEW_SECONDS"
 
 
 class Clock(Protocol):
@@ -42,6 +50,39 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
+
+
+class SkewedClock:
+    """Another clock with its wall time ``skew`` seconds off: a replica whose clock is wrong,
+    for tests (``system_clock``)."""
+
+    def __init__(self, skew: float, base: Clock | None = None) -> None:
+        self.skew = skew
+        self.base: Clock = base or SystemClock()
+
+    def now(self) -> float:
+        return self.base.now()
+
+    def wall(self) -> float:
+        return self.base.wall() + self.skew
+
+    async def sleep(self, seconds: float) -> None:
+        await self.base.sleep(seconds)
+
+
+def system_clock(environ: Mapping[str, str]) -> Clock:
+    """The clock a gossip node runs on: ``SystemClock``, or, for tests only, a
+    ``SkewedClock`` when ``TEST_SKEW_ENV`` names a number of seconds."""
+    value = environ.get(TEST_SKEW_ENV, "").strip()
+    if not value:
+        return SystemClock()
+    try:
+        skew = float(value)
+    except ValueError:
+        raise ConfigError(f"{TEST_SKEW_ENV}: {value!r} is not a number of seconds") from None
+    if not math.isfinite(skew):
+        raise ConfigError(f"{TEST_SKEW_ENV}: {value!r} is not a number of seconds")
+    return SkewedClock(skew)
 
 
 class ManualClock:

@@ -16,7 +16,7 @@ import grpc
 import grpc.aio
 
 from router.gossip.config import GossipConfig, TlsFiles
-from router.gossip.transport import Handler, Refused, Transport, TransportError
+from router.gossip.transport import Handler, PeerRefused, Refused, Transport, TransportError
 from router.gossip.wire import EXCHANGE_PATH, SERVICE
 
 # Redial a restarted peer quickly: gRPC's default reconnect backoff grows to two minutes,
@@ -26,6 +26,12 @@ _RECONNECT_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+# A fresh channel (a new connection) after these. UNAVAILABLE: the peer may have restarted
+# elsewhere. DEADLINE_EXCEEDED: the connection may be dead without either end knowing, as
+# after a partition that dropped packets: gRPC keeps it and TCP retransmits on it, backing
+# off for minutes, so a healed fleet would stay apart that long.
+_REDIAL_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 class GrpcTransport(Transport):
@@ -48,6 +54,9 @@ class GrpcTransport(Transport):
         self._server: grpc.aio.Server | None = None
         self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
+        # Calls in flight per channel, so that a channel replaced is closed once they end.
+        self._calls: dict[grpc.aio.Channel, int] = {}
+        self._retired: dict[grpc.aio.Channel, asyncio.Event] = {}
         self._size_options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -95,14 +104,22 @@ class GrpcTransport(Transport):
     async def call(self, address: str, payload: bytes, timeout: float) -> bytes:  # noqa: ASYNC109
         if len(payload) > self.max_message_bytes:
             raise TransportError(f"message of {len(payload)} bytes exceeds the limit")
-        method = self._channel(address).unary_unary(EXCHANGE_PATH)
+        channel = self._channel(address)
+        method = channel.unary_unary(EXCHANGE_PATH)
+        self._calls[channel] = self._calls.get(channel, 0) + 1
         try:
             reply: bytes = await method(payload, timeout=timeout)
         except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
-                # A fresh channel next time: the peer may have restarted elsewhere.
+            if e.code() in _REDIAL_CODES:
                 self._drop(address)
-            raise TransportError(f"{address}: {e.code().name}: {e.details()}") from e
+            failed = PeerRefused if e.code() == grpc.StatusCode.UNAUTHENTICATED else TransportError
+            raise failed(f"{address}: {e.code().name}: {e.details()}") from e
+        finally:
+            left = self._calls.pop(channel) - 1
+            if left:
+                self._calls[channel] = left
+            elif channel in self._retired:
+                self._retired.pop(channel).set()
         return reply
 
     def _channel(self, address: str) -> grpc.aio.Channel:
@@ -124,9 +141,17 @@ class GrpcTransport(Transport):
     def _drop(self, address: str) -> None:
         channel = self._channels.pop(address, None)
         if channel is not None:
-            task = asyncio.create_task(channel.close(grace=1.0))
+            task = asyncio.create_task(self._close_when_idle(channel))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
+
+    async def _close_when_idle(self, channel: grpc.aio.Channel) -> None:
+        # Calls still running on it (a snapshot's chunks beside a ping that timed out) end
+        # first, each by its own deadline.
+        if self._calls.get(channel):
+            idle = self._retired[channel] = asyncio.Event()
+            await idle.wait()
+        await channel.close()
 
 
 def transport_for(config: GossipConfig) -> GrpcTransport:

@@ -8,7 +8,8 @@ The node owns four loops, all started by ``start`` and cancelled by ``stop``:
 - probe (every ``probe_interval``): SWIM ping, indirect ping, suspect; expire suspicions,
   forget the long dead, drop load reports past their TTL;
 - push-pull (every ``push_pull_interval``): exchange membership and digests with one random
-  peer and repair both sides; a peer too far behind is advised to fetch a snapshot;
+  peer and repair both sides, and try one member declared dead (it may only have been cut
+  off); a peer too far behind is advised to fetch a snapshot;
 - rejoin (every ``rejoin_interval``): resolve seeds and the DNS name, push-pull with
   addresses no live member has.
 
@@ -35,10 +36,11 @@ from router.gossip.delegate import Delegate
 from router.gossip.discovery import Discovery, Resolver, system_resolver
 from router.gossip.envelope import EnvelopeCodec, body_of
 from router.gossip.membership import Member, State
+from router.gossip.skew import SkewWatch
 from router.gossip.snapshot import SnapshotSessions
 from router.gossip.state import NodeState
 from router.gossip.stats import Counters, GossipStats
-from router.gossip.transport import Refused, Transport, TransportError
+from router.gossip.transport import PeerRefused, Refused, Transport, TransportError
 from router.gossip.wire import pb
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,7 @@ class GossipNode:
         )
         self._state = NodeState(self.node_id, t, delegate, self._counters)
         self._sessions = SnapshotSessions(t.snapshot_sessions, t.snapshot_session_ttl)
+        self._skew = SkewWatch(t.replay_window, t.max_members)
         self._snapshot_at = -math.inf
         self._catching_up = False
         self._loops: list[asyncio.Task[None]] = []
@@ -235,10 +238,22 @@ class GossipNode:
         self._state.suspect(target, self._clock.now())
 
     async def _push_pull_random(self) -> None:
-        peers = self._state.members.peers(State.ALIVE)
+        table = self._state.members
+        dead = table.peers(State.DEAD)
+        if dead:
+            # As memberlist gossips to the dead: a member declared dead may only have been cut
+            # off. Once the network heals, this exchange tells it so (it refutes) and repairs
+            # both sides, without waiting for the rejoin loop; the dead are tried only until
+            # they are forgotten (dead_reclaim).
+            peer = self._rng.choice(dead)
+            self._spawn(f"dead:{peer.address}", self._revive(peer.address, peer.id))
+        peers = table.peers(State.ALIVE)
         if peers:
             peer = self._rng.choice(peers)
             await self._push_pull(peer.address, peer.id)
+
+    async def _revive(self, address: str, node_id: str) -> None:
+        await self._push_pull(address, node_id)
 
     async def _rejoin(self) -> None:
         table = self._state.members
@@ -264,11 +279,20 @@ class GossipNode:
         payload = self._envelopes.seal(request)
         try:
             raw = await self._transport.call(address, payload, timeout or self.tuning.call_timeout)
+        except PeerRefused as e:
+            # Unlike a failed call, a refusal is no network fault: say so, now and then.
+            self._counters.call_failures += 1
+            if self._skew.due(f"refused by {address}", self._clock.now()):
+                log.warning("gossip: a message from %s was refused (%s)", self.node_id, e)
+            return None
         except TransportError as e:
             self._counters.call_failures += 1
             log.debug("gossip call from %s to %s failed: %s", self.node_id, address, e)
             return None
-        return self._envelopes.answer(raw, request)
+        reply = self._envelopes.answer(raw, request)
+        if reply is not None:
+            self._clock_skew(reply.sender, reply.sent_unix_ms / 1000 - self._clock.wall())
+        return reply
 
     async def _call(
         self,
@@ -316,12 +340,34 @@ class GossipNode:
             await self._call(address, peer_id, updates=updates)
         if reply.snapshot_advised:
             self._catch_up(address, peer_id)
+        self._repair_skipped(address, peer_id)
         return True
+
+    def _repair_skipped(self, address: str, node_id: str) -> None:
+        """When deltas were passed over, a snapshot: from their origin's node when it is alive
+        (it holds its own blocks; delegates name origins NODE/RUN), else from ``node_id``."""
+        skipped = self._state.deltas.skipped
+        if not skipped:
+            return
+        for origin in skipped:
+            member = self._state.members.get(origin.rpartition("/")[0] or origin)
+            if member is not None and member.state is State.ALIVE and member.id != self.node_id:
+                address, node_id = member.address, member.id
+                break
+        self._catch_up(address, node_id)
 
     def _catch_up(self, address: str, node_id: str) -> None:
         now = self._clock.now()
         if self._catching_up or now - self._snapshot_at < self.tuning.snapshot_cooldown:
             return
+        if self._state.deltas.skipped:
+            log.info(
+                "gossip: %s missed deltas of %d origin(s) (more came past a gap than it keeps "
+                "waiting); fetching a snapshot from %s",
+                self.node_id,
+                len(self._state.deltas.skipped),
+                node_id or address,
+            )
         self._snapshot_at = now
         self._spawn(f"snapshot:{address}", self._fetch_snapshot(address, node_id))
 
@@ -355,11 +401,20 @@ class GossipNode:
 
     # -- serving -------------------------------------------------------------------------------
 
+    def _clock_skew(self, peer: str, skew: float) -> None:
+        line = self._skew.observe(peer, skew, self._clock.now())
+        if line is not None:
+            log.warning("%s (seen by %s)", line, self.node_id)
+
     async def _handle(self, payload: bytes) -> bytes:
+        wall = self._clock.wall()
         try:
-            frame = self._envelopes.accept(payload, self._clock.wall())
+            frame = self._envelopes.accept(payload, wall)
         except AuthError as e:
+            if e.skew is not None:
+                self._clock_skew(e.sender, e.skew)
             raise Refused(str(e)) from e
+        self._clock_skew(frame.sender, frame.sent_unix_ms / 1000 - wall)
         kind = frame.WhichOneof("body")
         handler = self._handlers.get(kind or "")
         if not self._running or handler is None or frame.sender == self.node_id:
@@ -367,6 +422,9 @@ class GossipNode:
         else:
             try:
                 reply_kind, body = await handler(getattr(frame, kind or ""))
+                sender = self._state.members.get(frame.sender)
+                if sender is not None:
+                    self._repair_skipped(sender.address, sender.id)
             except Exception:
                 # A delegate that fails on one message must not take the server down with it.
                 self._counters.errors += 1

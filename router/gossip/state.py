@@ -140,6 +140,11 @@ class NodeState:
     def _spread(self, change: Change) -> None:
         m = change.member
         self._member_q.push(m.id, member_to_pb(m), len(m.id) + len(m.address) + 16)
+        before = change.before
+        if m.state is State.ALIVE and (before is None or before.state is State.DEAD):
+            # A member joined or came back (a healed partition): it holds no report of this
+            # node's load, so the next round sends one, unchanged or not.
+            self._load_sent = None
         if change.died and m.id != self.node_id:
             self._load_q.discard(m.id)
             if self.loads.forget(m.id):
@@ -244,6 +249,7 @@ class NodeState:
         """What a restored snapshot covers: its delta floors count as held, its loads merge."""
         floors = digest_map(first.covers.deltas)
         self.deltas.advance(floors)
+        self.deltas.skipped.clear()
         self._delegate.mark_seen(floors)
         for report in first.loads:
             self.merge_load(report, now)

@@ -2,7 +2,8 @@
 
 ``DeltaStore`` knows, per origin, which sequence numbers arrived (a ``SeqWindow``), keeps the
 most recent bodies (bounded in bytes and per origin) to repair peers, and can say what a peer's
-digest lacks and whether deltas alone can repair it. ``LoadStore`` keeps each origin's newest
+digest lacks and whether deltas alone can repair it, and whether its own windows had to pass
+deltas that never came (then only a snapshot repairs it). ``LoadStore`` keeps each origin's newest
 load report. Neither interprets a delta's contents: that is the delegate's job.
 """
 
@@ -38,6 +39,10 @@ class DeltaStore:
         # Seconds between a delta's creation and its arrival, for the newest delta per origin.
         self.lag: dict[str, float] = {}
         self._newest: dict[str, int] = {}
+        # Origins whose window passed deltas that never arrived (more waited above a gap than
+        # it keeps): its floor now claims them, so no digest shows them missing and only a
+        # snapshot can bring what they carried. Cleared by a snapshot.
+        self.skipped: set[str] = set()
 
     @property
     def retained(self) -> int:
@@ -59,8 +64,12 @@ class DeltaStore:
             window = self._windows[origin] = SeqWindow()
             if len(self._windows) > self.max_origins:
                 self._forget(next(iter(self._windows)))
+        floor, waiting = window.floor, len(window.above)
         if not window.add(seq):
             return False
+        # The floor moves past the numbers seen (those waiting, and this one), or past a gap.
+        if window.floor - floor > waiting + 1 - len(window.above):
+            self.skipped.add(origin)
         self._windows.move_to_end(origin)
         if not local and seq > self._newest.get(origin, 0):
             self._newest[origin] = seq
@@ -134,6 +143,7 @@ class DeltaStore:
 
     def _forget(self, origin: str) -> None:
         self._windows.pop(origin, None)
+        self.skipped.discard(origin)
         self.lag.pop(origin, None)
         self._newest.pop(origin, None)
         for seq in list(self._bodies.get(origin, {})):

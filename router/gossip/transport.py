@@ -24,6 +24,11 @@ class TransportError(Exception):
     """A call failed: unreachable, timed out, refused or too large. Nothing was merged."""
 
 
+class PeerRefused(TransportError):
+    """The peer answered, refusing the request (its reason in the message): wrong secret,
+    a frame for another node, a clock beyond its replay window, or malformed."""
+
+
 class Refused(Exception):
     """Raised by a handler to refuse a request (failed authentication, malformed, busy)."""
 
@@ -141,7 +146,7 @@ class InMemoryNetwork:
         try:
             reply = await handler(payload)
         except Refused as e:
-            raise TransportError(f"refused by {dst}: {e}") from e
+            raise PeerRefused(f"refused by {dst}: {e}") from e
         finally:
             self._serving[dst] -= 1
         if len(reply) > self.max_message_bytes:

@@ -135,6 +135,58 @@ async def test_fleet_short_partition_suspect_refuted_stays_alive() -> None:
         await f.close()
 
 
+async def test_fleet_partition_healed_before_rejoin_dead_replica_alive_load_counted_once() -> None:
+    # No rejoin after the first: only the exchanges with members declared dead can bring the
+    # cut-off replica back before it is forgotten.
+    f = Fleet(tuning=dataclasses.replace(LOCAL, rejoin_interval=1000.0, dead_reclaim=60.0))
+    try:
+        rs = await f.start(3)
+        assert await f.settle(lambda: all_see(rs, 2), limit=2.0)
+        rs[0].loads.acquire("e", 10)
+        rs[1].loads.acquire("e", 20)
+        assert await f.settle(lambda: all(r.loads.total("e") == Load(2, 30) for r in rs), 2.0)
+        for r in rs[1:]:
+            f.network.partition(rs[0].address, r.address)
+        assert await f.settle(lambda: states_of(rs[1:], "r0") == {State.DEAD}, limit=5.0)
+        assert await f.settle(
+            lambda: states_of(rs[:1], "r1") == states_of(rs[:1], "r2") == {State.DEAD}, 5.0
+        )
+        # Each side counts only what it still hears of: the other side's report is gone.
+        assert rs[0].loads.total("e") == Load(1, 10)
+        assert all(r.loads.total("e") == Load(1, 20) for r in rs[1:])
+        rs[0].record("e", [1, 2])
+        rs[2].record("e", [3])
+        await f.clock.advance(10.0)  # type: ignore[attr-defined]
+        f.network.heal()
+        assert await f.settle(lambda: all_see(rs, 2), limit=5.0)
+        assert await f.settle(lambda: all(r.loads.total("e") == Load(2, 30) for r in rs), 2.0)
+        assert await f.settle(lambda: same_contents(rs), limit=5.0)
+        assert rs[0].contents() == {"e": frozenset({1, 2, 3})}
+    finally:
+        await f.close()
+
+
+async def test_fleet_partition_more_deltas_than_a_window_waits_for_repaired_by_snapshot() -> None:
+    # r0 keeps the bodies of its newest 5000 deltas: after the heal its peers get those, more
+    # than a window holds above the gap of the first 1000, which they never will get as deltas.
+    f = Fleet(tuning=dataclasses.replace(LOCAL, retained_per_origin=5000, local_queue=8192))
+    try:
+        rs = await f.start(3)
+        assert await f.settle(lambda: all_see(rs, 2), limit=2.0)
+        for r in rs[1:]:
+            f.network.partition(rs[0].address, r.address)
+        for i in range(6000):
+            rs[0].record(f"e{i % 3}", [i])
+            if i % 500 == 0:
+                await f.clock.advance(0.05)  # type: ignore[attr-defined]
+        f.network.heal()
+        assert await f.settle(lambda: same_contents(rs), limit=10.0)
+        assert sum(len(r.index) for r in rs) == 3 * 6000
+        assert all(r.node.stats().counters.snapshots_received >= 1 for r in rs[1:])
+    finally:
+        await f.close()
+
+
 async def test_fleet_late_joiner_past_retention_catches_up_by_snapshot() -> None:
     f = Fleet(tuning=dataclasses.replace(LOCAL, retained_per_origin=4))
     try:

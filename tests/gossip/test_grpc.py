@@ -5,6 +5,7 @@ Waits are bounded (``tests.support.eventually``) and nothing asserts on how long
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import shutil
 import subprocess
@@ -22,9 +23,10 @@ from router.core.load import Load, LoadBook
 from router.gateway.replicas.delegate import IndexDelegate, run_origin
 from router.gossip.auth import Sealer
 from router.gossip.config import LOCAL, GossipConfig, TlsFiles
-from router.gossip.grpc_transport import transport_for
+from router.gossip.grpc_transport import GrpcTransport, transport_for
 from router.gossip.membership import State
 from router.gossip.node import GossipNode
+from router.gossip.transport import TransportError
 from router.gossip.wire import PROTOCOL_VERSION, pb
 from tests.support import LOOPBACK, eventually, free_port
 
@@ -295,3 +297,36 @@ async def test_grpc_mutual_tls_peers_converge_outsider_refused(
     outsider = await nodes.start("outsider", seeds=(a.address,), secret=None, tls=outsider_tls)
     await eventually(lambda: outsider.node.stats().counters.call_failures >= 3, timeout=WAIT)
     assert {m.id for m in a.node.members()} == {"a", "b"}
+
+
+@pytest.mark.parametrize("late", [True, False], ids=["timed-out", "answered"])
+async def test_grpc_transport_call_timed_out_next_call_on_a_new_connection(late: bool) -> None:
+    # A connection whose packets are lost looks the same as a slow peer: the call times out.
+    # Only a new connection escapes a dead one, so a timeout gives the next call a fresh one.
+    release = asyncio.Event()
+
+    async def handler(payload: bytes) -> bytes:
+        if payload == b"slow":
+            await release.wait()
+        return payload
+
+    server, client = GrpcTransport(f"{LOOPBACK}:0"), GrpcTransport(f"{LOOPBACK}:0")
+    address = await server.start(handler)
+    try:
+        assert await client.call(address, b"fast", WAIT) == b"fast"
+        first = client._channels[address]
+        # A long call on the first connection, such as a snapshot's chunk, is left to finish.
+        running = asyncio.create_task(client.call(address, b"slow", WAIT))
+        await eventually(lambda: client._calls.get(first) == 1, timeout=WAIT)
+        if late:
+            with pytest.raises(TransportError, match="DEADLINE_EXCEEDED"):
+                await client.call(address, b"slow", 0.05)
+        assert await client.call(address, b"fast", WAIT) == b"fast"
+        assert (client._channels[address] is not first) is late
+        release.set()
+        assert await running == b"slow"
+        await eventually(lambda: not client._closing, timeout=WAIT)
+    finally:
+        release.set()
+        await client.stop()
+        await server.stop()

@@ -241,6 +241,39 @@ def test_state_take_local_load_sent_when_due(after: float, changed: bool, sent: 
     assert latest is not None and (latest.version > first.version) == sent
 
 
+@pytest.mark.parametrize(
+    ("rumours", "sent"),
+    [
+        pytest.param([_member("b")], True, id="joined"),
+        pytest.param(
+            [_member("b"), _member("b", State.DEAD), _member("b", incarnation=2)],
+            True,
+            id="back_from_the_dead",
+        ),
+        pytest.param(
+            [_member("b"), _member("b", State.SUSPECT), _member("b", incarnation=2)],
+            False,
+            id="suspicion_refuted",
+        ),
+    ],
+)
+def test_state_member_joined_or_back_load_sent_unchanged(
+    rumours: list[pb.Member], sent: bool
+) -> None:
+    state, delegate, _ = _state("a")
+    delegate.load = [pb.EngineLoad(engine="e", requests=1)]
+    state.merge_members(rumours[:-1], T0)
+    state.take_local(T0, WALL)
+    first = state.loads.get("a")
+    assert first is not None
+    # The figures are the same, well before a refresh: only a member that holds no report of
+    # them (a new one, or one that was dead to this node) is a reason to send them again.
+    state.merge_members(rumours[-1:], T0 + LAN.load_interval)
+    state.take_local(T0 + LAN.load_interval, WALL + LAN.load_interval)
+    latest = state.loads.get("a")
+    assert latest is not None and (latest.version > first.version) == sent
+
+
 def test_state_prefix_heat_travels_with_the_load() -> None:
     (a, a_delegate, _), (b, b_delegate, _) = _state("a"), _state("b")
     a_delegate.load = [pb.EngineLoad(engine="e", requests=3)]

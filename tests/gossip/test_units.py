@@ -10,6 +10,7 @@ import pytest
 from router.core.fields import ConfigError
 from router.core.index import BlockIndex, IndexLimits
 from router.core.load import Load, LoadBook
+from router.core.seq import SeqWindow
 from router.gateway.replicas.delegate import HOT_PREFIXES, IndexDelegate, run_origin
 from router.gossip.auth import AuthError, ReplayGuard, Sealer
 from router.gossip.broadcast import TransmitQueue
@@ -331,6 +332,16 @@ def test_delta_store_repair_over_budget_advises_snapshot() -> None:
         s.add(_delta("o", i, *range(100)), wall=0.0)
     r = s.repair({}, budget=2000)
     assert r.snapshot_advised and 0 < len(r.deltas) < 10
+
+
+def test_delta_store_window_passing_a_gap_marks_origin_skipped() -> None:
+    s = DeltaStore(retained_bytes=1 << 20, per_origin=16, max_origins=4)
+    for seq in (3, 2, 1, 5, 4):  # out of order, no gap left
+        s.add(_delta("a", seq, seq), wall=0.0)
+    assert s.skipped == set()
+    for seq in range(100, 100 + SeqWindow().limit + 1):  # 6..99 never come
+        s.add(_delta("b", seq, seq), wall=0.0)
+    assert s.skipped == {"b"} and s.floors()["b"] >= 100
 
 
 def test_delta_store_bytes_bounded_and_origins_bounded() -> None:

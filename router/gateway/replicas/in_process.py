@@ -80,8 +80,12 @@ class Fleet:
             raise OSError(f"unknown host {host}")
         return [r.address for r in self.replicas.values() if r.node.running]
 
-    def build(self, name: str, *, secret: bytes | None = None) -> Replica:
-        """A replica not started yet (a restart reuses the name and address)."""
+    def build(
+        self, name: str, *, secret: bytes | None = None, clock: Clock | None = None
+    ) -> Replica:
+        """A replica not started yet (a restart reuses the name and address), on the fleet's
+        clock or its own (one whose wall time is off, ``SkewedClock``)."""
+        clock = clock or self.clock
         if name in self.replicas:
             address = self.replicas[name].address
         else:
@@ -96,22 +100,24 @@ class Fleet:
         )
         index = BlockIndex(self.limits, origin=run_origin(name))
         loads = LoadBook()
-        bridge = IndexDelegate(index, loads, now=self.clock.now, wall=self.clock.wall)
+        bridge = IndexDelegate(index, loads, now=clock.now, wall=clock.wall)
         self._started += 1
         node = GossipNode(
             config,
             bridge,
             self.network.transport(address),
-            clock=self.clock,
+            clock=clock,
             resolver=self.resolve,
             seed=self.seed * 7919 + self._started,
         )
         return Replica(name, address, index, loads, bridge, node)
 
-    async def add(self, name: str | None = None, *, secret: bytes | None = None) -> Replica:
+    async def add(
+        self, name: str | None = None, *, secret: bytes | None = None, clock: Clock | None = None
+    ) -> Replica:
         """Start a replica (a new one, or a stopped one again) and let it join."""
         name = name or f"r{len(self.replicas)}"
-        replica = self.build(name, secret=secret)
+        replica = self.build(name, secret=secret, clock=clock)
         self.replicas[name] = replica
         await self._drive(replica.node.start())
         return replica

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 
@@ -43,6 +44,7 @@ from router.gossip import (
     TransportError,
     samples,
 )
+from router.gossip.clock import system_clock
 from router.gossip.discovery import Resolver
 from router.gossip.grpc_transport import transport_for
 
@@ -67,10 +69,13 @@ class Replica:
         transport: Transport | None = None,
         clock: Clock | None = None,
         resolver: Resolver | None = None,
+        environ: Mapping[str, str] = os.environ,
     ) -> None:
-        """``now`` is the clock the gateway routes with; the rest are seams for tests."""
+        """``now`` is the clock the gateway routes with; the rest are seams for tests (the
+        gossip clock defaults to ``system_clock`` of ``environ``)."""
         self.config = config
-        self.bridge = IndexDelegate(lambda: core.index, core.loads, now=now)
+        clock = clock if clock is not None else system_clock(environ)
+        self.bridge = IndexDelegate(lambda: core.index, core.loads, now=now, wall=clock.wall)
         self.node = GossipNode(
             config,
             self.bridge,
