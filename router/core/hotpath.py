@@ -62,6 +62,10 @@ class Native(Protocol):
         spares: int,
         /,
     ) -> tuple[list[int], bool]: ...
+    def narrow(
+        self, keep: list[int], cands: list[str], columns: tuple[list[Any], ...], /
+    ) -> tuple[list[str], tuple[list[Any], ...]]: ...
+    def at_most(self, limit: int, values: Sequence[int], /) -> list[bool]: ...
 
 
 def _load() -> Native | None:

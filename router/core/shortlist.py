@@ -86,3 +86,25 @@ def _ring_home(
     pos = dict(zip(cands, range(len(cands)), strict=True))
     home = ring_home(ring_key, lambda e: e in pos and eligible[pos[e]])
     return None if home is None else pos[home]
+
+
+def narrow(
+    keep: list[int],
+    cands: list[str],
+    overlaps: list[int],
+    requests: list[int],
+    eligible: list[bool],
+) -> tuple[list[str], list[str], list[int], list[int], list[bool]]:
+    """The candidates left out of ``keep`` (in order), then each list at ``keep``'s positions."""
+    native = hotpath.native
+    if native is not None:
+        unscored, (c, o, r, e) = native.narrow(keep, cands, (cands, overlaps, requests, eligible))
+        return unscored, c, o, r, e
+    kept = {cands[i] for i in keep}
+    return (
+        list(filterfalse(kept.__contains__, cands)),
+        [cands[i] for i in keep],
+        [overlaps[i] for i in keep],
+        [requests[i] for i in keep],
+        [eligible[i] for i in keep],
+    )

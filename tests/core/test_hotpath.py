@@ -29,7 +29,8 @@ from router.core.index import BlockIndex, Delta, IndexLimits
 from router.core.lru import LruKeys
 from router.core.policy import Policy, load_policy_text
 from router.core.predictions import Predictions
-from router.core.shortlist import shortlist
+from router.core.ring import under_cap
+from router.core.shortlist import narrow, shortlist
 from router.core.simulator import Fleet, simulate_policy
 from router.core.workload import SyntheticSpec, synthetic
 from router.presets import preset_path
@@ -421,3 +422,32 @@ def test_compiled_by_default() -> None:
     found, stderr = _probe({hotpath.PURE_PYTHON_VARIABLE: ""})
     assert found["compiled"] is True
     assert "CompiledMissingWarning" not in stderr
+
+
+# -- the fleet-wide passes around the shortlist ------------------------------------------------
+
+
+@needs_compiled
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9), st.booleans()), max_size=30))
+def test_narrow_identical(rows: list[tuple[int, int, bool]]) -> None:
+    cands = [f"e{i}" for i in range(len(rows))]
+    overlaps = [o for o, _, _ in rows]
+    requests = [r for _, r, _ in rows]
+    eligible = [e for _, _, e in rows]
+    keep = [i for i, (o, r, _) in enumerate(rows) if o or r % 3 == 0]
+    fast, slow = both(lambda: narrow(keep, cands, overlaps, requests, eligible))
+    assert fast == slow
+
+
+@needs_compiled
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(-5, 2**70), max_size=30),
+    st.integers(1, 2**66),
+    st.floats(0.0, 3.0),
+    st.integers(0, 9),
+)
+def test_under_cap_identical(loads: list[int], weight: int, epsilon: float, min_cap: int) -> None:
+    fast, slow = both(lambda: under_cap(loads, weight, epsilon, min_cap))
+    assert fast == slow

@@ -571,6 +571,106 @@ done:
     return result;
 }
 
+/* narrow(keep, cands, columns): (the candidates whose names are not at ``keep``'s positions,
+ * in order; each column taken at ``keep``'s positions). */
+static PyObject *
+hp_narrow(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
+        !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "narrow(keep: list, cands: list, columns: tuple)");
+        return NULL;
+    }
+    PyObject *keep = args[0], *cands = args[1], *columns = args[2];
+    Py_ssize_t k = PyList_GET_SIZE(keep), n = PyList_GET_SIZE(cands);
+    Py_ssize_t ncols = PyTuple_GET_SIZE(columns);
+    PyObject *kept = NULL, *unscored = NULL, *taken = NULL;
+    Py_ssize_t *pos = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(k ? k : 1));
+    if (pos == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t j = 0; j < k; j++) {
+        pos[j] = PyLong_AsSsize_t(PyList_GET_ITEM(keep, j));
+        if (pos[j] == -1 && PyErr_Occurred())
+            goto fail;
+        if (pos[j] < 0 || pos[j] >= n) {
+            PyErr_SetString(PyExc_IndexError, "a kept position is not a candidate's");
+            goto fail;
+        }
+    }
+    if ((kept = PySet_New(NULL)) == NULL)
+        goto fail;
+    for (Py_ssize_t j = 0; j < k; j++)
+        if (PySet_Add(kept, PyList_GET_ITEM(cands, pos[j])) < 0)
+            goto fail;
+    if ((unscored = PyList_New(0)) == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *c = PyList_GET_ITEM(cands, i);
+        int in = PySet_Contains(kept, c);
+        if (in < 0 || (!in && PyList_Append(unscored, c) < 0))
+            goto fail;
+    }
+    if ((taken = PyTuple_New(ncols)) == NULL)
+        goto fail;
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        PyObject *col = PyTuple_GET_ITEM(columns, c);
+        if (!PyList_Check(col) || PyList_GET_SIZE(col) != n) {
+            PyErr_SetString(PyExc_ValueError, "every column must be a list as long as cands");
+            goto fail;
+        }
+        PyObject *out = PyList_New(k);
+        if (out == NULL)
+            goto fail;
+        for (Py_ssize_t j = 0; j < k; j++)
+            PyList_SET_ITEM(out, j, Py_NewRef(PyList_GET_ITEM(col, pos[j])));
+        PyTuple_SET_ITEM(taken, c, out);
+    }
+    PyMem_Free(pos);
+    Py_DECREF(kept);
+    return Py_BuildValue("(NN)", unscored, taken);
+fail:
+    PyMem_Free(pos);
+    Py_XDECREF(kept);
+    Py_XDECREF(unscored);
+    Py_XDECREF(taken);
+    return NULL;
+}
+
+/* at_most(limit, values): per value, whether it is at most ``limit``; TypeError unless every
+ * value is an int (the caller's reference decides other types). */
+static PyObject *
+hp_at_most(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "at_most(limit, values)");
+        return NULL;
+    }
+    PyObject *limit = args[0];
+    PyObject *seq = PySequence_Fast(args[1], "values must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **vs = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        if (!PyLong_Check(vs[i])) {
+            PyErr_SetString(PyExc_TypeError, "at_most compares ints only");
+            Py_CLEAR(out);
+            break;
+        }
+        int le = PyObject_RichCompareBool(vs[i], limit, Py_LE);
+        if (le < 0) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, Py_NewRef(le ? Py_True : Py_False));
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
 /* -- the module ---------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -592,6 +692,10 @@ static PyMethodDef methods[] = {
      "withdraw(counts, keys): one claim fewer on each; the keys left with none."},
     {"shortlist", (PyCFunction)(void (*)(void))hp_shortlist, METH_FASTCALL,
      "shortlist(overlaps, requests, eligible, holders, spares): (positions, tie)."},
+    {"narrow", (PyCFunction)(void (*)(void))hp_narrow, METH_FASTCALL,
+     "narrow(keep, cands, columns): (candidates left out, each column at keep)."},
+    {"at_most", (PyCFunction)(void (*)(void))hp_at_most, METH_FASTCALL,
+     "at_most(limit, values): per int value, whether it is at most limit."},
     {NULL, NULL, 0, NULL},
 };
 
