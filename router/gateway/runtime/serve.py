@@ -16,7 +16,6 @@ shape), so it is opened with ``loop.create_server`` rather than aiohttp's ``TCPS
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -31,6 +30,7 @@ from router.eventloop import loop_factory
 from router.gateway.app import build_app, build_metrics_app
 from router.gateway.config.settings import Config
 from router.gateway.inbound.connections import Connections, fit_open_files
+from router.gateway.runtime import collector
 from router.gateway.runtime.drain import CUT_SECONDS
 from router.gateway.wiring import Gateway
 from router.presets import resolve
@@ -89,10 +89,7 @@ async def serve(
                 cfg.listen.metrics_port,
                 reuse_port=reuse_port or None,
             )
-        # What start-up built (modules, config, app, policy) lives as long as the process: out
-        # of the collector's generations, the full collections that request garbage triggers
-        # no longer walk all of it again.
-        gc.freeze()
+        collector.settle()
         log.info(
             "listening on %s:%d%s; policy %s from %s; %d static engine(s)%s",
             cfg.listen.host,
