@@ -139,7 +139,10 @@ held(PyObject *table, PyObject **keys, Py_ssize_t i, PyObject *horizon)
         return PyErr_Occurred() ? -1 : 0;
     if (horizon == NULL)
         return 1;
-    return PyObject_RichCompareBool(t, horizon, Py_GT);
+    Py_INCREF(t); /* held across a comparison, which may run code */
+    int fresh = PyObject_RichCompareBool(t, horizon, Py_GT);
+    Py_DECREF(t);
+    return fresh;
 }
 
 /* How many of ``keys``, from the first, ``table`` holds, assuming the held ones form a prefix
@@ -227,20 +230,19 @@ hp_overlaps(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             int first = PyDict_Contains(table, ks[0]);
             if (first < 0)
                 goto fail;
+            Py_INCREF(table); /* a borrowed table must outlive the walk's lookups */
             if (first) {
-                PyObject *horizon = NULL;
-                if (timed) {
-                    PyObject *ttl = PyDict_GetItemWithError(ttls, names[i]);
-                    if (ttl == NULL && PyErr_Occurred())
-                        goto fail;
-                    if (ttl != NULL && (horizon = PyNumber_Subtract(now, ttl)) == NULL)
-                        goto fail;
-                }
-                depth = leading(table, ks, n, horizon);
+                PyObject *ttl = timed ? PyDict_GetItemWithError(ttls, names[i]) : NULL;
+                PyObject *horizon = ttl != NULL ? PyNumber_Subtract(now, ttl) : NULL;
+                if (PyErr_Occurred())
+                    depth = -1;
+                else
+                    depth = leading(table, ks, n, horizon);
                 Py_XDECREF(horizon);
-                if (depth < 0)
-                    goto fail;
             }
+            Py_DECREF(table);
+            if (depth < 0)
+                goto fail;
         }
         PyObject *v = depth ? PyLong_FromSsize_t(depth) : Py_NewRef(zero);
         if (v == NULL)
