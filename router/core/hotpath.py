@@ -1,9 +1,10 @@
 """Which implementation runs the decision's hot loops: the compiled one, or the reference.
 
-``router.core._hotpath`` (C, from ``router/core/hotpath-c/hotpath.c``) does the per-block and
-per-engine loops of a decision: the chained block hashes (``core.blocks``), the longest-prefix
-walk per engine (``core.index``), the LRU touches (``core.lru``), the claims
-(``core.predictions``) and the shortlist's passes (``core.shortlist``). Each of those modules
+The extension module ``_hotpath`` next to this one (C, ``router/core/hotpath-c/hotpath.c``)
+does the per-block and per-engine loops of a decision: the chained block hashes
+(``core.blocks``), the longest-prefix walk per engine (``core.index``), the LRU touches
+(``core.lru``), the claims (``core.predictions``), the shortlist's passes and narrowing
+(``core.shortlist``) and the bounded-load comparison (``core.ring``). Each of those modules
 keeps its pure-Python loop as the reference: property tests hold the two to identical results,
 and it runs wherever the extension is missing (no C compiler at install time: a warning says so
 once) or unwanted (``KVROUTER_PURE_PYTHON=1`` in the environment).
