@@ -14,8 +14,14 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 
+# A C compiler for the decision's compiled loops (router/core/hotpath-c); the final stage gets
+# the built extension, never the compiler. The image's Python already carries its headers.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY policies/ policies/
 COPY router/ router/
 
@@ -29,7 +35,8 @@ RUN python -m venv /opt/kvrouter \
  && cd / \
  && /opt/kvrouter/bin/kvrouter --help > /dev/null \
  && /opt/kvrouter/bin/kvrouter policy check kv-aware > /dev/null \
- && /opt/kvrouter/bin/python -c "import router.gossip.wire"
+ && /opt/kvrouter/bin/python -c "import router.gossip.wire" \
+ && /opt/kvrouter/bin/python -c "from router.core import hotpath; assert hotpath.compiled()"
 
 
 FROM python:3.11-slim

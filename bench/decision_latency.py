@@ -12,14 +12,19 @@ the other: every row runs its variants side by side, each in a worker process of
 (the same heap and collector work for each), in turns of ``BATCH`` decisions, so each
 variant's p50 comes from the same stretch of time as the others':
 
-- as the router decides (a shortlist of candidates is scored above ``SHORTLIST_ABOVE``);
+- as the router decides (a shortlist of candidates is scored above ``SHORTLIST_ABOVE``), with
+  the compiled hot loops (``router.core.hotpath``) when they are built;
 - scoring every engine (the same code);
+- the pure-Python reference of the hot loops (``KVROUTER_PURE_PYTHON=1``);
 - with ``--baseline DIR``, the code of another checkout (``git worktree add DIR COMMIT``):
   this file's ``Bench`` against that checkout's ``router`` package and its
   ``policies/kv-aware.yaml``.
 
     python -m bench.decision_latency [--engines 8 64 256] [--tokens 1024 8192 32768 131072]
         [--samples 300] [--cold] [--baseline DIR]
+
+``--identical TRACE`` replays a trace (Mooncake or OpenAI-body JSONL) through the simulator
+twice, compiled and pure, and counts the requests routed to the same engine by both.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from router.core import decision
 from router.core.blocks import CHARS_PER_TOKEN
@@ -42,6 +47,8 @@ from router.yaml_files import load_policy
 
 BATCH = 25  # decisions per turn: short enough that a variant never runs alone for long
 POLICY = Path("policies") / "kv-aware.yaml"
+# router.core.hotpath's switch, spelled out: the baseline's workers import this file too.
+PURE_PYTHON_VARIABLE = "KVROUTER_PURE_PYTHON"
 
 
 def words(rng: random.Random, chars: int) -> str:
@@ -108,8 +115,11 @@ class Worker:
         samples: int,
         cold: bool,
         every_engine: bool = False,
+        pure: bool = False,
     ) -> None:
         env = {**os.environ, "PYTHONPATH": str(root)}
+        if pure:
+            env[PURE_PYTHON_VARIABLE] = "1"
         args = [str(root), str(engines), str(tokens), str(samples), str(int(cold))]
         args.append(str(int(every_engine)))
         self.proc = subprocess.Popen(
@@ -163,10 +173,15 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=300)
     ap.add_argument("--cold", action="store_true", help="every prompt new: nobody holds it")
     ap.add_argument("--baseline", type=Path, help="a checkout to compare against, side by side")
+    ap.add_argument("--identical", type=Path, metavar="TRACE", help="compare decisions only")
     args = ap.parse_args()
+    if args.identical:
+        identical(args.identical, args.engines)
+        return
     here = Path(__file__).resolve().parent.parent
     head = "| prompt tokens | engines | decision p50 | decision p99 | every engine scored: p50 |"
-    rule = "|---|---|---|---|---|"
+    head += " pure Python: p50 | this / pure |"
+    rule = "|---|---|---|---|---|---|---|"
     if args.baseline:
         head += " baseline p50 | this / baseline |"
         rule += "---|---|"
@@ -175,7 +190,11 @@ def main() -> None:
     for tokens in args.tokens:
         for engines in args.engines:
             setting = (engines, tokens, args.samples, args.cold)
-            variants = [Worker(here, *setting), Worker(here, *setting, every_engine=True)]
+            variants = [
+                Worker(here, *setting),
+                Worker(here, *setting, every_engine=True),
+                Worker(here, *setting, pure=True),
+            ]
             if args.baseline:
                 variants.append(Worker(args.baseline.resolve(), *setting))
             times = measure(variants, args.samples)
@@ -184,9 +203,48 @@ def main() -> None:
             p50s = [percentile(t, 50) / 1000 for t in times]
             row = f"| {tokens:,} | {engines} | {p50s[0]:.0f} us | "
             row += f"{percentile(times[0], 99) / 1000:.0f} us | {p50s[1]:.0f} us |"
+            row += f" {p50s[2]:.0f} us | {p50s[0] / p50s[2]:.2f} |"
             if args.baseline:
-                row += f" {p50s[2]:.0f} us | {p50s[0] / p50s[2]:.2f} |"
+                row += f" {p50s[3]:.0f} us | {p50s[0] / p50s[3]:.2f} |"
             print(row, flush=True)
+
+
+def identical(trace_file: Path, fleets: list[int]) -> None:
+    """Route ``trace_file`` compiled and pure on each fleet size; print how many agree."""
+    # Here, not at the top: the baseline's workers import this file, and its router has no
+    # hotpath.
+    from router.commands.traces import read_trace
+    from router.core import hotpath
+    from router.core.engine_model import EngineSpec
+    from router.core.simulator import Fleet, simulate_policy
+    from router.core.verdict import Decision
+
+    trace = read_trace(trace_file)
+    policy = load_policy(Path(__file__).resolve().parent.parent / POLICY)
+    picks: list[str | None] = []
+    decide = RoutingCore.decide
+
+    def recording(core: RoutingCore, *args: Any, **kwargs: Any) -> Decision:
+        d = decide(core, *args, **kwargs)
+        picks.append(d.engine)
+        return d
+
+    RoutingCore.decide = recording  # type: ignore[method-assign,assignment]
+    print("| trace | engines | requests | same engine, compiled and pure |")
+    print("|---|---|---|---|")
+    for engines in fleets:
+        fleet = Fleet(engines, EngineSpec(capacity_tokens=400_000))
+        simulate_policy(policy, trace, fleet)
+        fast = picks[:]
+        picks.clear()
+        saved, hotpath.native = hotpath.native, None
+        try:
+            simulate_policy(policy, trace, fleet)
+        finally:
+            hotpath.native = saved
+        same = sum(a == b for a, b in zip(fast, picks, strict=True))
+        print(f"| {trace_file.name} | {engines} | {len(fast):,} | {same:,} |", flush=True)
+        picks.clear()
 
 
 if __name__ == "__main__":

@@ -30,4 +30,9 @@ Modules, from the request inwards:
 - ``engine_model``: an engine's prefix cache and timing, for the simulator and engine-sim.
 - ``workload``: trace records and synthetic workloads for the simulator.
 - ``simulator``: discrete-event replay of a trace through ``decision``; ``stats``: percentiles.
+- ``hotpath``: which implementation runs the decision's per-block and per-engine loops: the
+  compiled ``_hotpath`` (C, ``hotpath-c/hotpath.c``, built by ``pip install`` where a C
+  compiler exists; its stub ``_hotpath.pyi``), or the pure-Python reference each of ``blocks``,
+  ``lru``, ``index``, ``predictions``, ``shortlist`` and ``ring`` keeps
+  (``KVROUTER_PURE_PYTHON=1`` forces it).
 """

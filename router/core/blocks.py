@@ -33,6 +33,8 @@ from typing import Any
 
 import xxhash
 
+from router.core import hotpath
+
 _xxh3 = xxhash.xxh3_64_intdigest
 
 # Separators that do not occur in ordinary text keep fields from running into each other:
@@ -215,8 +217,11 @@ def block_keys(rt: RoutingText, block_chars: int) -> list[int]:
     seed = namespace_seed(rt.namespace)
     if rt.token_ids is not None:
         per_block = max(1, block_chars // CHARS_PER_TOKEN)
-        return _chain(packed_ids(rt.token_ids).tobytes(), per_block * 4, seed)
+        return _chain(packed_ids(rt.token_ids), per_block * 4, seed)
     text = rt.text or ""
+    native = hotpath.native
+    if native is not None:
+        return native.text_chain(text, block_chars, seed)
     if text.isascii():
         # One character is one byte: encode once and cut the bytes.
         return _chain(text.encode("ascii"), block_chars, seed)
@@ -228,14 +233,18 @@ def block_keys(rt: RoutingText, block_chars: int) -> list[int]:
     return keys
 
 
-def _chain(data: bytes, size: int, seed: int) -> list[int]:
-    # The hot loop of every decision: one C call per block, no generator. Slicing a
-    # memoryview hands xxhash the block without copying it (half the cost of a bytes slice).
-    view = memoryview(data)
+def _chain(data: bytes | array[int], size: int, seed: int) -> list[int]:
+    """Chained keys of the full blocks of ``size`` bytes of ``data``."""
+    native = hotpath.native
+    if native is not None:
+        return native.chain(data, size, seed)
+    # The reference: one C call per block, no generator. Slicing a memoryview hands xxhash
+    # the block without copying it (half the cost of a bytes slice).
+    view = memoryview(data).cast("B")
     keys: list[int] = []
     append = keys.append
     h = seed
-    for start in range(0, len(data) - size + 1, size):
+    for start in range(0, len(view) - size + 1, size):
         h = _xxh3(view[start : start + size], h)
         append(h)
     return keys
@@ -271,4 +280,4 @@ def token_keys(
     token_ids: Sequence[int], block_size: int, lora_name: str | None = None
 ) -> list[int]:
     """Chained xxh3_64 keys of the full blocks of ``block_size`` token ids."""
-    return chain_keys(token_blocks(token_ids, block_size), token_seed(lora_name))
+    return _chain(packed_ids(token_ids), block_size * 4, token_seed(lora_name))

@@ -47,7 +47,7 @@ from router.core.predictions import Predictions
 from router.core.ring import BoundedLoadRing, under_cap
 from router.core.scorers.base import Inputs, Memory
 from router.core.scorers.registry import SCORERS
-from router.core.shortlist import shortlist
+from router.core.shortlist import narrow, shortlist
 from router.core.verdict import Decision
 
 # Above this many candidates only a shortlist is scored (``core.shortlist``). Measured
@@ -284,12 +284,9 @@ class RoutingCore:
                 cands, overlaps, requests, eligible, session_engine, ring_key, self.ring.home
             )
             if len(keep) < len(cands):
-                kept = {cands[i] for i in keep}
-                unscored = list(itertools.filterfalse(kept.__contains__, cands))
-                cands = [cands[i] for i in keep]
-                overlaps = [overlaps[i] for i in keep]
-                requests = [requests[i] for i in keep]
-                eligible = [eligible[i] for i in keep]
+                unscored, cands, overlaps, requests, eligible = narrow(
+                    keep, cands, overlaps, requests, eligible
+                )
         credited: list[bool] = []
         if credit and p.hot_prefix.keep_younger_than_seconds:
             credited = self._copy_affordable(cands, overlaps, credit, now)

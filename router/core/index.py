@@ -16,11 +16,12 @@ same global cap and are shed the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, KeysView, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import contains
 
+from router.core import hotpath
 from router.core.lru import LruKeys
 from router.core.seq import SeqWindow
 
@@ -57,8 +58,10 @@ class BlockIndex:
         self.limits = limits
         self.origin = origin
         self._engines: dict[str, LruKeys] = {}
-        # engine -> a view of its keys, for the one membership probe per engine on every decision
-        self._tables: dict[str, KeysView[int]] = {}
+        # engine -> its keys' table, for the one membership probe per engine on every decision,
+        # and the engines whose entries age out (their LRU's age limit).
+        self._tables: dict[str, dict[int, float]] = {}
+        self._ttls: dict[str, float] = {}
         self._capacity_override: dict[str, int] = {}
         self._seq = seq
         self._seen: dict[str, SeqWindow] = {}
@@ -80,7 +83,9 @@ class BlockIndex:
         lru = self._engines.get(engine)
         if lru is None:
             lru = self._engines[engine] = LruKeys(cap, self.limits.ttl_seconds)
-            self._tables[engine] = lru.keys()
+            self._tables[engine] = lru.table()
+            if lru.ttl is not None:
+                self._ttls[engine] = lru.ttl
         elif lru.capacity != cap:
             lru.capacity = cap
             if len(lru) > cap:
@@ -90,6 +95,7 @@ class BlockIndex:
         """Forget ``engine`` and everything it held."""
         lru = self._engines.pop(engine, None)
         self._tables.pop(engine, None)
+        self._ttls.pop(engine, None)
         self._capacity_override.pop(engine, None)
         if lru is not None:
             self._entries -= len(lru)
@@ -175,11 +181,14 @@ class BlockIndex:
         self, keys: Sequence[int], engines: Sequence[str], now: float | None = None
     ) -> list[int]:
         """For each of ``engines``, in order, how many leading blocks of ``keys`` it holds."""
+        native = hotpath.native
+        if native is not None:
+            return native.overlaps(self._tables, engines, keys, now, self._ttls)
         out = [0] * len(engines)
         if not keys:
             return out
-        # Most engines do not hold the first block: one dict probe each rules them out, in a
-        # loop that runs in C (map over bound methods), as it runs for every engine.
+        # The reference. Most engines do not hold the first block: one dict probe each rules
+        # them out, in a loop that runs in C (map over bound methods), as it runs for every engine.
         tables = map(self._tables.get, engines, repeat(_NOTHING))
         first_held = map(contains, tables, repeat(keys[0]))
         lrus = self._engines

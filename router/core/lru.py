@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, KeysView, Sequence
 from itertools import islice
 
+from router.core import hotpath
+
 # Evict this fraction of capacity at once when full: the set holds between
 # (1 - 1/EVICT_BATCH_DIVISOR) x capacity and capacity keys in steady state.
 EVICT_BATCH_DIVISOR = 64
@@ -49,16 +51,13 @@ class LruKeys:
         """A live, read-only view of the keys: membership probes on hot paths run in C."""
         return self._keys.keys()
 
-    def touch(self, keys: Iterable[int], now: float) -> list[int]:
+    def table(self) -> dict[int, float]:
+        """The live table (key -> time last touched), for walks that run in C; read it only."""
+        return self._keys
+
+    def touch(self, keys: Sequence[int], now: float) -> list[int]:
         """Insert or refresh ``keys`` (the last one ends most recent); return the evicted keys."""
-        d = self._keys
-        pop = d.pop
-        for k in keys:
-            pop(k, None)
-            d[k] = now
-        if len(d) > self.capacity:
-            return self.evict(len(d) - self.capacity + self.capacity // EVICT_BATCH_DIVISOR)
-        return []
+        return self._touch(keys, now, False)
 
     def touch_chain(self, chain: Sequence[int], now: float) -> list[int]:
         """Insert or refresh a chain of block keys (first block first); return the evicted keys.
@@ -67,7 +66,21 @@ class LruKeys:
         forgets the tail of a prefix before its head, and ``leading`` may assume the blocks
         held form a prefix.
         """
-        return self.touch(reversed(chain), now)
+        return self._touch(chain, now, True)
+
+    def _touch(self, keys: Sequence[int], now: float, reverse: bool) -> list[int]:
+        d = self._keys
+        native = hotpath.native
+        if native is not None:
+            native.touch(d, keys, now, reverse)
+        else:
+            pop = d.pop
+            for k in reversed(keys) if reverse else keys:
+                pop(k, None)
+                d[k] = now
+        if len(d) > self.capacity:
+            return self.evict(len(d) - self.capacity + self.capacity // EVICT_BATCH_DIVISOR)
+        return []
 
     def evict(self, count: int) -> list[int]:
         """Remove and return up to ``count`` of the least recently touched keys."""
@@ -94,6 +107,9 @@ class LruKeys:
 
     def discard(self, keys: Iterable[int]) -> list[int]:
         """Remove ``keys`` where present; return the ones that were."""
+        native = hotpath.native
+        if native is not None:
+            return native.discard(self._keys, keys)
         pop = self._keys.pop
         return [k for k in keys if pop(k, None) is not None]
 
@@ -130,6 +146,11 @@ class LruKeys:
         missing block in O(log n) probes instead of walking the whole shared prefix.
         """
         d = self._keys
+        native = hotpath.native
+        if native is not None:
+            return native.leading(
+                d, keys, None if now is None or self.ttl is None else now - self.ttl
+            )
         if now is None or self.ttl is None:
 
             def held(i: int) -> bool:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from router.core import hotpath
+
 
 class Predictions:
     """Per engine, the provisional block keys and how many attempts claim each."""
@@ -26,8 +28,12 @@ class Predictions:
 
     def claim(self, engine: str, keys: Iterable[int]) -> None:
         t = self._claims.setdefault(engine, {})
-        for k in keys:
-            t[k] = t.get(k, 0) + 1
+        native = hotpath.native
+        if native is not None:
+            native.claim(t, keys)
+        else:
+            for k in keys:
+                t[k] = t.get(k, 0) + 1
         if not t:
             del self._claims[engine]
 
@@ -36,8 +42,12 @@ class Predictions:
         t = self._claims.get(engine)
         if t is None:
             return
-        for k in keys:
-            t.pop(k, None)
+        native = hotpath.native
+        if native is not None:
+            native.discard(t, keys)
+        else:
+            for k in keys:
+                t.pop(k, None)
         if not t:
             del self._claims[engine]
 
@@ -46,6 +56,12 @@ class Predictions:
         t = self._claims.get(engine)
         if t is None:
             return []
+        native = hotpath.native
+        if native is not None:
+            gone = native.withdraw(t, keys)
+            if not t:
+                del self._claims[engine]
+            return gone
         gone = []
         for k in keys:
             n = t.get(k)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import xxhash
 from uhashring import HashRing
 
+from router.core import hotpath
+
 
 def _hash(key: object) -> int:
     return xxhash.xxh3_64_intdigest(str(key).encode())
@@ -105,4 +107,11 @@ def under_cap(loads: Sequence[int], weight: int, epsilon: float, min_cap: int) -
     floor = max(min(loads) + weight, min_cap * weight)
     cap = max(load_cap(sum(loads), len(loads), epsilon, weight), floor)
     # v + weight <= cap for every (integer) load v, as one pass in C.
-    return list(map((math.floor(cap) - weight).__ge__, loads))
+    limit = math.floor(cap) - weight
+    native = hotpath.native
+    if native is not None:
+        try:
+            return native.at_most(limit, loads)
+        except TypeError:  # a load that is not an int: the reference's own comparison
+            pass
+    return list(map(limit.__ge__, loads))

@@ -7,8 +7,9 @@ the rest, the engine the session went to last, and, for a prefix nobody holds, i
 and carries at least the spares' load, so a scorer would rank it no better than they.
 Replicas with the same view choose the same shortlist.
 
-``shortlist`` reads every candidate once, so its passes over them run in C (``compress``,
-``filterfalse`` and ``map`` over built-in methods); only the few kept are looked at in Python.
+``shortlist`` reads every candidate once: its passes run compiled (``core.hotpath``), or in
+the reference over C-level builtins (``compress``, ``filterfalse`` and ``map`` over built-in
+methods); only the few kept are looked at in Python.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from itertools import compress, filterfalse
+
+from router.core import hotpath
 
 HOLDERS = 8  # at most this many holders of the prefix: the deepest, then the least loaded
 SPARES = 4  # this many of the least loaded eligible engines that hold none of it
@@ -39,6 +42,21 @@ def shortlist(
     nobody holds, asked only when more engines tie with the idlest spare than are kept (a
     walk of the ring costs more than scoring a few engines).
     """
+    native = hotpath.native
+    if native is not None:
+        try:
+            kept, tie = native.shortlist(overlaps, requests, eligible, HOLDERS, SPARES)
+        except OverflowError:  # figures past 64 bits: the reference copes with any int
+            pass
+        else:
+            extra = []
+            if session_engine is not None and session_engine in cands:
+                extra.append(cands.index(session_engine))
+            if tie:
+                home = _ring_home(cands, eligible, ring_key, ring_home)
+                if home is not None:
+                    extra.append(home)
+            return sorted({*kept, *extra}) if extra else kept
     n = len(cands)
     keep: set[int] = set()
     held = list(compress(range(n), overlaps))
@@ -55,8 +73,38 @@ def shortlist(
     if not held and spares:
         low = requests[spares[0]]
         if list(map(requests.__getitem__, free)).count(low) > len(spares):
-            pos = dict(zip(cands, range(n), strict=True))
-            home = ring_home(ring_key, lambda e: e in pos and eligible[pos[e]])
+            home = _ring_home(cands, eligible, ring_key, ring_home)
             if home is not None:
-                keep.add(pos[home])
+                keep.add(home)
     return sorted(keep)
+
+
+def _ring_home(
+    cands: Sequence[str], eligible: Sequence[bool], ring_key: int, ring_home: RingHome
+) -> int | None:
+    """The position of the ring's home for ``ring_key`` among the eligible candidates."""
+    pos = dict(zip(cands, range(len(cands)), strict=True))
+    home = ring_home(ring_key, lambda e: e in pos and eligible[pos[e]])
+    return None if home is None else pos[home]
+
+
+def narrow(
+    keep: list[int],
+    cands: list[str],
+    overlaps: list[int],
+    requests: list[int],
+    eligible: list[bool],
+) -> tuple[list[str], list[str], list[int], list[int], list[bool]]:
+    """The candidates left out of ``keep`` (in order), then each list at ``keep``'s positions."""
+    native = hotpath.native
+    if native is not None:
+        unscored, (c, o, r, e) = native.narrow(keep, cands, (cands, overlaps, requests, eligible))
+        return unscored, c, o, r, e
+    kept = {cands[i] for i in keep}
+    return (
+        list(filterfalse(kept.__contains__, cands)),
+        [cands[i] for i in keep],
+        [overlaps[i] for i in keep],
+        [requests[i] for i in keep],
+        [eligible[i] for i in keep],
+    )

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from router.core.blocks import RoutingText, block_keys
 from router.core.simulator import POOLED, SimResult
 from router.presets import DEFAULT, NAMES
 from tests.support import (
@@ -43,7 +44,7 @@ from tests.support import (
 INSTALL_TIMEOUT_SECONDS = 600
 # What a user's `pip install .` never sees: version control, environments, caches, old builds.
 NOT_SOURCE = shutil.ignore_patterns(
-    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "*.so"
 )
 # Variables that could put the checkout (or another environment) on the import path.
 IMPORT_PATH_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE")
@@ -186,6 +187,27 @@ def test_installed_package_imports_from_the_venv_without_dev_tools(installed: In
     assert Path(found["router"]).resolve().is_relative_to(installed.venv)
     assert [p for p in found["path"] if p and not outside_checkout(Path(p))] == []
     assert found["absent"] == ["grpc_tools", "pytest", "mypy"]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(INSTALL_TIMEOUT_SECONDS + 60)
+def test_installed_package_runs_the_compiled_decision_code(installed: Installed) -> None:
+    with zipfile.ZipFile(installed.wheel) as whl:
+        assert [n for n in whl.namelist() if n.startswith("router/core/_hotpath.")]
+    probe = (
+        "import json\n"
+        "from router.core import hotpath\n"
+        "from router.core.blocks import RoutingText, block_keys\n"
+        "keys = block_keys(RoutingText('m', text='x' * 2000), 512)\n"
+        "print(json.dumps({'compiled': hotpath.compiled(), 'keys': keys,"
+        " 'file': hotpath.native and hotpath.native.__file__}))"
+    )
+    res = installed.run(installed.python, "-W", "error", "-c", probe)
+    assert res.returncode == 0, res.stderr
+    found = json.loads(res.stdout)
+    assert found["compiled"] is True
+    assert Path(found["file"]).resolve().is_relative_to(installed.venv)
+    assert found["keys"] == block_keys(RoutingText("m", text="x" * 2000), 512)
 
 
 @pytest.mark.integration

@@ -21,6 +21,10 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLarge(f"request body is larger than {limit} bytes")
     try:
+        if request.content.is_eof():
+            # The whole body came with the head (most requests): nothing to wait for, and no
+            # timer to arm and cancel.
+            return await request.read()
         async with asyncio.timeout(BODY_READ_SECONDS):
             return await request.read()
     except web.HTTPRequestEntityTooLarge:

@@ -30,6 +30,7 @@ from router.eventloop import loop_factory
 from router.gateway.app import build_app, build_metrics_app
 from router.gateway.config.settings import Config
 from router.gateway.inbound.connections import Connections, fit_open_files
+from router.gateway.runtime import collector
 from router.gateway.runtime.drain import CUT_SECONDS
 from router.gateway.wiring import Gateway
 from router.presets import resolve
@@ -88,6 +89,7 @@ async def serve(
                 cfg.listen.metrics_port,
                 reuse_port=reuse_port or None,
             )
+        collector.settle()
         log.info(
             "listening on %s:%d%s; policy %s from %s; %d static engine(s)%s",
             cfg.listen.host,

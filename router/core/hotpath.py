@@ -1,0 +1,97 @@
+"""Which implementation runs the decision's hot loops: the compiled one, or the reference.
+
+The extension module ``_hotpath`` next to this one (C, ``router/core/hotpath-c/hotpath.c``)
+does the per-block and per-engine loops of a decision: the chained block hashes
+(``core.blocks``), the longest-prefix walk per engine (``core.index``), the LRU touches
+(``core.lru``), the claims (``core.predictions``), the shortlist's passes and narrowing
+(``core.shortlist``) and the bounded-load comparison (``core.ring``). Each of those modules
+keeps its pure-Python loop as the reference: property tests hold the two to identical results,
+and it runs wherever the extension is missing (no C compiler at install time: a warning says so
+once) or unwanted (``KVROUTER_PURE_PYTHON=1`` in the environment).
+
+Callers read ``native`` at call time, never bind it at import, so that setting it to None (what
+the tests do to run the reference) switches every caller at once.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+# Set to 1 to run the pure-Python reference although the compiled extension is installed.
+PURE_PYTHON_VARIABLE = "KVROUTER_PURE_PYTHON"
+
+
+class CompiledMissingWarning(RuntimeWarning):
+    """The compiled extension is not installed: decisions run the pure-Python reference."""
+
+
+class Native(Protocol):
+    """What the compiled module offers (its stub, ``_hotpath.pyi``, is checked against this)."""
+
+    def chain(
+        self, data: bytes | memoryview | array[int], size: int, seed: int, /
+    ) -> list[int]: ...
+    def text_chain(self, text: str, size: int, seed: int, /) -> list[int]: ...
+    def leading(
+        self, table: dict[int, float], keys: Sequence[int], horizon: float | None, /
+    ) -> int: ...
+    def overlaps(
+        self,
+        tables: dict[str, dict[int, float]],
+        engines: Sequence[str],
+        keys: Sequence[int],
+        now: float | None,
+        ttls: dict[str, float],
+        /,
+    ) -> list[int]: ...
+    def touch(
+        self, table: dict[int, float], keys: Sequence[int], now: float, reverse: bool, /
+    ) -> None: ...
+    def discard(self, table: dict[int, Any], keys: Iterable[int], /) -> list[int]: ...
+    def claim(self, counts: dict[int, int], keys: Iterable[int], /) -> None: ...
+    def withdraw(self, counts: dict[int, int], keys: Iterable[int], /) -> list[int]: ...
+    def shortlist(
+        self,
+        overlaps: Sequence[int],
+        requests: Sequence[int],
+        eligible: Sequence[bool],
+        holders: int,
+        spares: int,
+        /,
+    ) -> tuple[list[int], bool]: ...
+    def narrow(
+        self, keep: list[int], cands: list[str], columns: tuple[list[Any], ...], /
+    ) -> tuple[list[str], tuple[list[Any], ...]]: ...
+    def at_most(self, limit: int, values: Sequence[int], /) -> list[bool]: ...
+
+
+def _load() -> Native | None:
+    if os.environ.get(PURE_PYTHON_VARIABLE, "") not in {"", "0"}:
+        return None
+    try:
+        from router.core import _hotpath  # optional: absent where it could not be compiled
+    except ImportError as exc:
+        warnings.warn(
+            f"kvrouter's compiled decision code is not installed ({exc}); running the pure-Python"
+            " code, slower on large fleets. Reinstall kvrouter where a C compiler and the Python"
+            " headers exist (e.g. `apt-get install gcc python3-dev`, then `pip install"
+            f" --force-reinstall --no-deps kvrouter`); set {PURE_PYTHON_VARIABLE}=1 to silence"
+            " this.",
+            CompiledMissingWarning,
+            stacklevel=2,
+        )
+        return None
+    return _hotpath
+
+
+# The compiled module, or None where the pure-Python reference runs.
+native: Native | None = _load()
+
+
+def compiled() -> bool:
+    """Whether the compiled extension runs the hot loops in this process."""
+    return native is not None
