@@ -18,10 +18,12 @@ the environment (KVROUTER_GOSSIP_SECRET), or mutual TLS from the file's ``gossip
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
 from router.core.fields import ConfigError
+from router.gateway.config.epp import with_epp
 from router.gateway.config.gossip import GOSSIP_PRESETS
 from router.gateway.config.overrides import with_kv_events, with_overrides
 from router.gateway.config.settings import (
@@ -152,6 +154,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where precise keys get token ids: engine (its POST /tokenize; the default), or "
         "the model's tokenizer.json or folder, with its chat template (no round trip)",
     )
+    e = parser.add_argument_group(
+        "endpoint picker for an Envoy-based gateway",
+        "Serve Envoy's ext_proc API (the Gateway API Inference Extension's endpoint picker) "
+        "and gRPC health on a port of its own, deciding as the proxy does.",
+    )
+    e.add_argument("--epp-port", type=int, metavar="P", help="serve the picker on this port")
+    e.add_argument(
+        "--no-proxy",
+        action="store_true",
+        help="the HTTP port serves only health, readiness, metrics and admin (Envoy proxies)",
+    )
     add(
         "--log-level",
         default="info",
@@ -186,6 +199,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         replay_port=args.kv_events_replay_port,
         tokenizer=args.tokenizer,
     )
+    cfg = dataclasses.replace(cfg, epp=with_epp(cfg.epp, args.epp_port, args.no_proxy))
     check_ready_to_serve(cfg)
     return cfg
 

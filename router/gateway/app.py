@@ -237,10 +237,11 @@ def build_app(gw: Gateway) -> web.Application:
             app.cleanup_ctx.append(_task_ctx("tokenizer-check", lambda g: g.tokenizer_check_loop))
     app.cleanup_ctx.append(_task_ctx("engine-metrics", lambda g: g.engine_metrics.run))
     app.cleanup_ctx.append(_task_ctx("flow-control", lambda g: g.admission.pump_loop))
-    app.add_routes([web.post(route, _generation(route)) for route in PROMPT_FIELD])
+    if gw.config.epp.proxy:  # else Envoy proxies, and the picker decides (epp.proxy: false)
+        app.add_routes([web.post(route, _generation(route)) for route in PROMPT_FIELD])
+        app.add_routes([web.get("/v1/models", models)])
     app.add_routes(
         [
-            web.get("/v1/models", models),
             web.get("/health", health),
             web.get("/ready", ready),
             web.post("/debug/route", _admin(debug_route)),

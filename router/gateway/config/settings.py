@@ -47,11 +47,13 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
     gossip: {enabled: false, port: 7946, dns: "", peers: [], secret_env: KVROUTER_GOSSIP_SECRET,
              tls: {cert_file: "", key_file: "", ca_file: ""}, advertise: "", node_id: "",
              preset: lan}
+    epp: {port: 0, proxy: true}   # the endpoint picker's gRPC port (0: off); proxy: false
+                                  # leaves the HTTP port with health, metrics and admin only
 
 This module defines ``listen``, ``policy_reload`` and ``health``, and composes every section into
 ``Config``. The others live in this package's ``serving`` (how a request is served: ``timeouts``,
 ``limits``, ``auth``, ``forwarding``, ``drain``, ``flow_control``), ``engines`` (``engines``,
-``engine_metrics``) and ``gossip``.
+``engine_metrics``), ``gossip`` and ``epp``.
 
 Every section and field is optional. There are no engines by default, and an empty
 ``engines.dns.name`` means no DNS discovery. Gossip listens on ``listen.host`` at
@@ -77,6 +79,7 @@ from router.gateway.config.engines import (
     engine_metrics,
     engine_sources,
 )
+from router.gateway.config.epp import EppSettings, check_epp, epp
 from router.gateway.config.gossip import GossipSettings, gossip
 from router.gateway.config.serving import (
     Auth,
@@ -149,6 +152,7 @@ class Config:
     auth: Auth = field(default_factory=Auth)
     forwarding: Forwarding = field(default_factory=Forwarding)
     drain: DrainSettings = field(default_factory=DrainSettings)
+    epp: EppSettings = field(default_factory=EppSettings)
 
 
 def _listen(f: ConfigFields | None) -> Listen:
@@ -224,6 +228,7 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
         auth=auth(f.sub("auth")),
         forwarding=forwarding(f.sub("forwarding")),
         drain=drain(f.sub("drain")),
+        epp=epp(f.sub("epp")),
     )
     f.done()
     return cfg
@@ -250,6 +255,7 @@ def check_ready_to_serve(cfg: Config) -> None:
         raise ConfigError("listen.host: must not be empty")
     if cfg.listen.metrics_port and cfg.listen.metrics_port == cfg.listen.port:
         raise ConfigError("listen.metrics_port: must differ from the API port (0: share it)")
+    check_epp(cfg.epp, cfg.listen.port)
     kv = cfg.engines.kv_events
     if kv.tokenizer != "engine" and not kv.enabled:
         raise ConfigError(
