@@ -26,6 +26,7 @@ from router.core.fields import ConfigError
 from router.gateway.config.epp import with_epp
 from router.gateway.config.gossip import GOSSIP_PRESETS
 from router.gateway.config.overrides import with_kv_events, with_overrides
+from router.gateway.config.pods import with_pods
 from router.gateway.config.settings import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -57,6 +58,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="engine_dns",
         metavar="NAME:PORT",
         help="a DNS name whose every address is an engine (re-resolved periodically)",
+    )
+    add(
+        "--engine-pods",
+        metavar="SELECTOR",
+        help="every Ready pod this label selector (key=value,...) picks is an engine, watched "
+        "through the Kubernetes API (needs kvrouter[kubernetes])",
+    )
+    add(
+        "--engine-pods-port",
+        type=int,
+        metavar="PORT",
+        help="the port engines listen on in those pods (default 8000)",
     )
     add(
         "--engine-api-key-env",
@@ -200,6 +213,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         tokenizer=args.tokenizer,
     )
     cfg = dataclasses.replace(cfg, epp=with_epp(cfg.epp, args.epp_port, args.no_proxy))
+    pods = with_pods(cfg.engines.pods, args.engine_pods, args.engine_pods_port)
+    cfg = dataclasses.replace(cfg, engines=dataclasses.replace(cfg.engines, pods=pods))
     check_ready_to_serve(cfg)
     return cfg
 

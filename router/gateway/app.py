@@ -230,6 +230,8 @@ def build_app(gw: Gateway) -> web.Application:
     app.cleanup_ctx.append(_task_ctx("health-probes", lambda g: g.pool.health_loop))
     app.cleanup_ctx.append(_task_ctx("model-lists", lambda g: g.pool.models_loop))
     app.cleanup_ctx.append(_task_ctx("dns-discovery", lambda g: g.pool.dns_loop))
+    if gw.pods is not None:
+        app.cleanup_ctx.append(_task_ctx("pod-discovery", lambda g: g.pods_loop))
     app.cleanup_ctx.append(_task_ctx("policy-watcher", lambda g: g.watcher.run))
     if gw.kv_events is not None:
         app.cleanup_ctx.append(_task_ctx("kv-events", lambda g: g.kv_events_loop))

@@ -33,6 +33,7 @@ from router.gateway.config.engine_keys import EngineKeys
 from router.gateway.config.reload import PolicyWatcher, Result
 from router.gateway.config.serving import Forwarding, Limits, Timeouts
 from router.gateway.config.settings import Config
+from router.gateway.fleet.pods import PodWatcher
 from router.gateway.fleet.pool import EnginePool, Resolver, resolve_dns
 from router.gateway.fleet.scrape import EngineMetricsScraper
 from router.gateway.inbound.admission import Admission
@@ -152,6 +153,12 @@ class Gateway:
             clock=clock,
             resolver=resolver,
         )
+        # Raises ConfigError without the Kubernetes client: no start without it.
+        self.pods = (
+            PodWatcher(config.engines.pods, self.pool.set_addresses)
+            if config.engines.pods is not None
+            else None
+        )
         # The engines' own load, blended into the core's LoadBook (router.core.load).
         self.engine_metrics = EngineMetricsScraper(
             em,
@@ -245,6 +252,11 @@ class Gateway:
             report = self.core.loads.engine_reported(url, now)
             if report is not None:
                 yield url, report
+
+    async def pods_loop(self) -> None:
+        """Follow the Kubernetes pods that are engines while the app runs."""
+        if self.pods is not None:
+            await self.pods.run()
 
     async def kv_events_loop(self) -> None:
         """Subscribe to the engines' KV events while the app runs."""

@@ -5,6 +5,7 @@
 - ``serving``: the sections that say how a request is served: ``timeouts``, ``limits``, ``auth``,
   ``forwarding``, ``drain`` and ``flow_control``.
 - ``engines``: the ``engines`` and ``engine_metrics`` sections.
+- ``pods``: ``engines.pods``, engines found as the Kubernetes pods a label selector picks.
 - ``gossip``: the ``gossip`` section.
 - ``epp``: the ``epp`` section (the endpoint picker) and its flags.
 - ``overrides``: the command-line flags, applied over the file's values.

@@ -11,6 +11,7 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
       dns: {name: "", port: 8000, scheme: http,  # name: a headless Service's DNS name
             interval_seconds: 10, api_key_env: ""}
       models_refresh_seconds: 30
+      pods: {selector: "", namespace: "", port: 8000, scheme: http}  # Kubernetes pods by label
       api_key_env: ""                          # the variable holding the engines' API key
       kv_events: {port: 0, replay_port: 0, topic: "", tokenizer: engine,
                   tokenize_timeout_seconds: 0.5, bridge_seconds: 5,
@@ -246,10 +247,10 @@ def load_config(path: str | Path) -> Config:
 
 def check_ready_to_serve(cfg: Config) -> None:
     """Cross-checks that only matter once flags are applied; raises ``ConfigError``."""
-    if not cfg.engines.static and cfg.engines.dns is None:
+    if not cfg.engines.static and cfg.engines.dns is None and cfg.engines.pods is None:
         raise ConfigError(
-            "no engines: give --engine URL, --engine-dns NAME:PORT, "
-            "or engines.static / engines.dns in the config file"
+            "no engines: give --engine URL, --engine-dns NAME:PORT, --engine-pods SELECTOR, "
+            "or engines.static / engines.dns / engines.pods in the config file"
         )
     if not cfg.listen.host:
         raise ConfigError("listen.host: must not be empty")
