@@ -50,9 +50,8 @@ class EppMetrics:
             "Time from the request's last body message to the picker's answer.",
             buckets=ANSWER_BUCKETS, registry=r,
         )  # fmt: skip
-        for mode in MODES:
-            self.decisions.labels(mode)
-        for served in SERVED:
-            self.picks.labels(served)
+        # Children looked up once: a label lookup costs as much as a tenth of a decision.
+        self.buffered, self.full_duplex, self.headers_only = map(self.decisions.labels, MODES)
+        self.served_pick, self.served_fallback, self.served_unknown = map(self.picks.labels, SERVED)
         for phase in PHASES:
             self.resets.labels(phase)

@@ -25,7 +25,7 @@ import enum
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import orjson
@@ -55,7 +55,8 @@ log = logging.getLogger(__name__)
 # Envoy's own buffer for one body message is 64 KiB; larger answers are split like its own.
 CHUNK_BYTES = 64 * 1024
 CLIENT_GONE = 499
-Answers = list[ep.ProcessingResponse]
+# The answers to one message, in order; built as they are sent (see ``_chunks``).
+Answers = Iterable[ep.ProcessingResponse]
 
 
 class Unsupported(Exception):
@@ -91,7 +92,8 @@ class PickerStream:
         self.response_streamed = False  # response body mode is full duplex streamed
         self.headers: dict[str, str] = {}
         self.subset: frozenset[str] | None = None
-        self.body = bytearray()
+        self.chunks: list[bytes] = []  # the request body so far
+        self.size = 0
         self.route = ""
         self.decision: Decision | None = None
         self.lease: Lease | None = None
@@ -101,7 +103,6 @@ class PickerStream:
         self.event_stream = False
         self.tail = UsageTail()
         self._first = True
-        self._forwarded = b""  # the body as Envoy sent it, handed back unless rewritten
 
     # -- the messages ------------------------------------------------------------------------
 
@@ -148,8 +149,10 @@ class PickerStream:
         if self.decision is not None:
             return []  # after the pick nothing more is read (Envoy sends nothing either)
         chunk = req.request_body
-        self.body += chunk.body
-        if len(self.body) > self.s.limits.max_body_bytes:
+        data = chunk.body
+        self.chunks.append(data)
+        self.size += len(data)
+        if self.size > self.s.limits.max_body_bytes:
             limit = self.s.limits.max_body_bytes
             return self._refuse(BodyTooLarge(f"request body is larger than {limit} bytes"))
         # Buffered, Envoy sends the body whole in one message and waits for its answer
@@ -159,10 +162,10 @@ class PickerStream:
         return await self._pick()
 
     async def _request_trailers(self, req: ep.ProcessingRequest) -> Answers:
-        out = [] if self.decision is not None else await self._pick()
+        out = () if self.decision is not None else await self._pick()
         if self.phase is Phase.DONE:
             return out
-        return [*out, msg.request_trailers_answer()]
+        return itertools.chain(out, (msg.request_trailers_answer(),))
 
     async def _response_headers(self, req: ep.ProcessingRequest) -> Answers:
         if self.phase is not Phase.DONE:
@@ -198,30 +201,37 @@ class PickerStream:
 
     async def _pick(self) -> Answers:
         t = self.p.clock()
+        raw = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        self.chunks = []
         try:
-            endpoints, body = await self._decide(bytes(self.body))
+            endpoints, body = await self._decide(raw)
         except GatewayError as e:
             return self._refuse(e)
-        self.body = bytearray()
-        length = len(body) if body is not None else None
-        mutation = msg.pick_mutation(endpoints, length)
-        metadata = msg.pick_metadata(endpoints)
-        mode = "full_duplex_streamed" if self.full_duplex else "buffered"
-        self.p.metrics.decisions.labels(mode).inc()
-        if self.full_duplex:
-            out = [msg.request_headers_answer(mutation, metadata)]
-            out += _chunks(body if body is not None else self._forwarded)
+        m = self.p.metrics
+        if body is None:
+            pick = msg.pick_answer(tuple(endpoints), self.full_duplex)
         else:
-            out = [msg.request_body_answer(replace=body, mutation=mutation, metadata=metadata)]
-        self.p.metrics.answer.observe(self.p.clock() - t)
-        return out
+            mutation = msg.pick_mutation(endpoints, len(body))
+            metadata = msg.pick_metadata(endpoints)
+            pick = (
+                msg.request_headers_answer(mutation, metadata)
+                if self.full_duplex
+                else msg.request_body_answer(replace=body, mutation=mutation, metadata=metadata)
+            )
+        m.answer.observe(self.p.clock() - t)
+        if not self.full_duplex:
+            m.buffered.inc()
+            return (pick,)
+        m.full_duplex.inc()
+        # The pick goes first: Envoy can open the engine's connection while the body's copies
+        # are built and sent after it.
+        return itertools.chain((pick,), _chunks(body if body is not None else raw))
 
     async def _decide(self, raw: bytes) -> tuple[list[str], bytes | None]:
         """The plan's endpoints, and the body rewritten (None: unchanged); holds the lease."""
         s = self.s
         if self.route not in PROMPT_FIELD:
             raise NotFound(f"no route for POST {self.route}", code="not_found")
-        self._forwarded = raw
         rewritten: bytes | None = None
         model = self.headers.get(msg.MODEL_REWRITE, "").strip()
         if model:
@@ -284,7 +294,7 @@ class PickerStream:
             return self._refuse(NoEngine("no healthy engine right now"))
         turn = next(self.p.turns) % len(found)
         endpoints = found[turn:] + found[:turn]
-        self.p.metrics.decisions.labels("headers_only").inc()
+        self.p.metrics.headers_only.inc()
         self.decision = None
         self.phase = Phase.RESPONSE
         return [
@@ -316,12 +326,12 @@ class PickerStream:
             return
         engine = self.p.endpoints.engine_of(endpoint) if endpoint else None
         if engine is None:
-            self.p.metrics.picks.labels("unknown").inc()
+            self.p.metrics.served_unknown.inc()
         elif engine == lease.engine:
-            self.p.metrics.picks.labels("pick").inc()
+            self.p.metrics.served_pick.inc()
         else:
             # Envoy went down the list: the pick failed it, the fallback holds the request.
-            self.p.metrics.picks.labels("fallback").inc()
+            self.p.metrics.served_fallback.inc()
             s.pool.report_failure(lease.engine, "Envoy fell back from it", request_shaped=True)
             s.core.release(lease)
             self.lease = lease = s.core.acquire(d, engine, s.clock())
@@ -374,13 +384,12 @@ PickerStream._HANDLERS = {
 }
 
 
-def _chunks(body: bytes) -> Answers:
+def _chunks(body: bytes) -> Iterator[ep.ProcessingResponse]:
     """The request body handed back to Envoy in full-duplex streamed mode, the last chunk
-    marked ``end_of_stream``."""
-    parts: Sequence[bytes] = [
-        body[i : i + CHUNK_BYTES] for i in range(0, len(body), CHUNK_BYTES)
-    ] or [b""]
-    return [
-        msg.request_body_answer(streamed=p, end_of_stream=i == len(parts) - 1)
-        for i, p in enumerate(parts)
-    ]
+    marked ``end_of_stream``; each built when it is sent."""
+    if len(body) <= CHUNK_BYTES:
+        yield msg.request_body_answer(streamed=body, end_of_stream=True)
+        return
+    for i in range(0, len(body), CHUNK_BYTES):
+        end = i + CHUNK_BYTES >= len(body)
+        yield msg.request_body_answer(streamed=body[i : i + CHUNK_BYTES], end_of_stream=end)
