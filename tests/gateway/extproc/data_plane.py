@@ -13,7 +13,9 @@ A client that goes away resets the ext_proc stream, as Envoy's does.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import aiohttp
@@ -36,17 +38,20 @@ _NOT_RETURNED = frozenset({"content-length", "transfer-encoding", "connection", 
 class DataPlane:
     """``url`` takes OpenAI requests and routes them on the picker's word."""
 
-    def __init__(self, picker: str, config: FilterConfig | None = None) -> None:
-        self.picker = picker
+    def __init__(self, picker: str | Sequence[str], config: FilterConfig | None = None) -> None:
+        # Several pickers (replicas behind one Service) take the streams in turns.
+        self.pickers = [picker] if isinstance(picker, str) else list(picker)
         self.config = config or FilterConfig()
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
         self.served: list[str] = []  # the endpoint of every request forwarded, in order
+        self._turns = itertools.count()
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[DataPlane]:
-        async with channel_to(self.picker) as ch, aiohttp.ClientSession() as http:
-            self._channel, self._http = ch, http
+        async with contextlib.AsyncExitStack() as stack:
+            self._channels = [await stack.enter_async_context(channel_to(p)) for p in self.pickers]
+            self._http = await stack.enter_async_context(aiohttp.ClientSession())
             app = web.Application(client_max_size=64 * 1024 * 1024)
             app.router.add_route("*", "/{tail:.*}", self._handle)
             runner = web.AppRunner(app, handler_cancellation=True)
@@ -60,7 +65,7 @@ class DataPlane:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        f = ExtProcFilter(self._channel, self.config)
+        f = ExtProcFilter(self._channels[next(self._turns) % len(self._channels)], self.config)
         try:
             return await self._route(request, f, body)
         except asyncio.CancelledError:
