@@ -369,7 +369,7 @@ class PickerStream:
         if self.admitted:
             self.admitted = False
             s.admission.leave()
-        if self.route:
+        if self.route in PROMPT_FIELD:  # a client's path is no label: only the known routes
             s.metrics.requests.labels(self.route, str(self.status or 500)).inc()
             s.metrics.duration.observe(s.clock() - self.t0)
 

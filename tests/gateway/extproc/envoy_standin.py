@@ -203,7 +203,8 @@ class ExtProcFilter:
         self.routed = routed
         if not body:
             return await self._headers_answer(routed)
-        if self.config.request_body_mode == BUFFERED:
+        if self.config.request_body_mode != FULL_DUPLEX:
+            # Every mode but full duplex waits for the headers' answer before the body.
             await self._headers_answer(routed)
             if routed.immediate is not None:
                 return routed

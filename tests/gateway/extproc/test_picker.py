@@ -157,6 +157,8 @@ async def test_picker_request_without_body_takes_turns(tmp_path: Path) -> None:
             await f.respond(200, [b'{"data": []}'], served=routed.endpoints[0])
         assert seen == {EP_A, EP_B}
         assert p.metric("kvrouter_epp_decisions_total", mode="headers_only") == 4
+        # A client's path is never a label: only the generation routes are counted.
+        assert p.metric("kvrouter_requests_total", route="/v1/models", code="200") == 0
 
 
 async def test_picker_model_rewrite_routes_and_rewrites_the_body(tmp_path: Path) -> None:

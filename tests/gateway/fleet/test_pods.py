@@ -11,8 +11,12 @@ import pytest
 from lightkube import AsyncClient, KubeConfig
 
 from router.core.fields import ConfigError
+from router.gateway.config.engines import EngineSources
 from router.gateway.config.pods import PodEngines, labels_of, with_pods
+from router.gateway.config.settings import HealthSettings
 from router.gateway.fleet.pods import PodWatcher, own_namespace
+from router.gateway.fleet.pool import EnginePool
+from tests.fakes import FakeUpstream
 from tests.gateway.fleet.fake_kube import FakeKube, pod
 from tests.support import eventually
 
@@ -140,3 +144,22 @@ def test_pods_namespace_is_the_service_accounts(tmp_path: Path) -> None:
     f.write_text("models\n")
     assert own_namespace(f) == "models"
     assert own_namespace(tmp_path / "missing") == "default"
+
+
+def test_pool_discovery_sources_replace_only_their_own_engines() -> None:
+    pool = EnginePool(
+        EngineSources(static=("http://static:8000",)),
+        HealthSettings(),
+        FakeUpstream(),
+        lambda weights: None,
+    )
+    pool.set_addresses("pods", ["http://10.1.0.1:8000"])
+    pool.set_dns_addresses(["http://10.2.0.1:8000"])
+    sources = {url: e.source for url, e in pool.engines.items()}
+    assert sources == {
+        "http://static:8000": "static",
+        "http://10.1.0.1:8000": "pods",
+        "http://10.2.0.1:8000": "dns",
+    }
+    pool.set_addresses("pods", [])
+    assert set(pool.engines) == {"http://static:8000", "http://10.2.0.1:8000"}
