@@ -11,6 +11,7 @@
     response headers: the endpoint that served; the lease moves to it if Envoy fell back;
         200 -> record the prefix (the first byte), publish the delta
     response body chunks -> the usage tail; end_of_stream (or the trailers) -> release
+        (with response_body_mode NONE, the response's headers are its end)
     the stream ends before that (Envoy reset it, or closed it early) -> release what is held
 
 Every exit releases the lease and leaves admission exactly once (``close``). In full-duplex
@@ -90,6 +91,7 @@ class PickerStream:
         self.t0 = self.s.clock()
         self.full_duplex = False  # request body mode
         self.response_streamed = False  # response body mode is full duplex streamed
+        self.response_headers_only = False
         self.headers: dict[str, str] = {}
         self.subset: frozenset[str] | None = None
         self.chunks: list[bytes] = []  # the request body so far
@@ -132,6 +134,8 @@ class PickerStream:
             )
         self.full_duplex = mode == msg.FULL_DUPLEX_STREAMED
         self.response_streamed = pc.response_body_mode == msg.FULL_DUPLEX_STREAMED
+        # Envoy sends no response body: the response's headers are all the picker sees of it.
+        self.response_headers_only = pc.response_body_mode == msg.NONE
 
     async def _request_headers(self, req: ep.ProcessingRequest) -> Answers:
         self.headers = msg.headers_of(req.request_headers)
@@ -177,7 +181,7 @@ class PickerStream:
             self.status = 0
         self.event_stream = h.get("content-type", "").startswith("text/event-stream")
         self._served(msg.served(req, h))
-        if req.response_headers.end_of_stream:
+        if req.response_headers.end_of_stream or self.response_headers_only:
             self._finish()
         return [msg.response_headers_answer()]
 

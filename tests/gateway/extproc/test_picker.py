@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from router.gateway.config.serving import FlowControl
 from router.gateway.extproc import messages as msg
 from tests.fakes import FakeEngine
-from tests.gateway.extproc.envoy_standin import BUFFERED, FilterConfig, Mode, Routed
+from tests.gateway.extproc.envoy_standin import BUFFERED, FULL_DUPLEX, FilterConfig, Mode, Routed
 from tests.gateway.extproc.picking import EP_A, EP_B, EP_C, fake_resolve, picking, usage
 from tests.gateway.rig import A, B, C, chat
 from tests.support import eventually
@@ -328,3 +328,28 @@ async def test_endpoints_follow_the_pool_and_resolve_names(tmp_path: Path) -> No
         assert eps.engines_at([EP_A, "10.0.0.2:8000", "junk"]) == {A, B}
         assert await fake_resolve("engine-c", 1) == "10.0.0.3"
         assert eps.engine_of(EP_C) is None  # not in the pool
+
+
+@pytest.mark.parametrize("mode", [FULL_DUPLEX, BUFFERED], ids=["full-duplex", "buffered"])
+async def test_picker_asks_envoy_for_no_mode_override(tmp_path: Path, mode: int) -> None:
+    # Envoy honours mode_override only where allowed (allow_mode_override); the picker needs
+    # the modes it was given, so it never asks, and the request is routed as configured.
+    config = FilterConfig(request_body_mode=mode, response_body_mode=mode, allow_mode_override=True)
+    async with picking(tmp_path) as p:
+        f, routed = await p.ask(chat(LONG), config)
+        assert routed.mode_overrides == [] and routed.endpoints
+        await f.respond(200, [b"{}"], served=routed.endpoints[0])
+
+
+async def test_picker_without_the_response_body_ends_at_the_response_headers(
+    tmp_path: Path,
+) -> None:
+    # response_body_mode NONE: Envoy sends the response's headers and then closes the stream.
+    config = FilterConfig(response_body_mode=Mode.NONE)
+    async with picking(tmp_path) as p:
+        f, routed = await p.ask(chat(LONG), config)
+        await f.respond(200, [b"{}"], served=routed.endpoints[0])
+        engine = p.server.endpoints.engine_of(routed.endpoints[0])
+        assert engine is not None and p.rig.gw.core.index.blocks(engine) > 0
+        assert p.metric("kvrouter_epp_stream_resets_total", phase="response") == 0
+        assert p.rig.gw.core.outstanding == 0
