@@ -29,13 +29,14 @@ RUN python -m pip wheel --no-deps --wheel-dir /tmp/dist .
 
 # Only prebuilt wheels for the dependencies: a dependency that would need a compiler fails the
 # build here rather than dragging build tools into an image. The checks run outside /src, so
-# they see the installed package, not the source tree.
+# they see the installed package, not the source tree. The kubernetes extra: the chart's
+# mode: epp finds its engines through the Kubernetes API.
 RUN python -m venv /opt/kvrouter \
- && /opt/kvrouter/bin/pip install --only-binary=:all: /tmp/dist/kvrouter-*.whl \
+ && /opt/kvrouter/bin/pip install --only-binary=:all: "$(ls /tmp/dist/kvrouter-*.whl)[kubernetes]" \
  && cd / \
  && /opt/kvrouter/bin/kvrouter --help > /dev/null \
  && /opt/kvrouter/bin/kvrouter policy check kv-aware > /dev/null \
- && /opt/kvrouter/bin/python -c "import router.gossip.wire" \
+ && /opt/kvrouter/bin/python -c "import router.gossip.wire, lightkube" \
  && /opt/kvrouter/bin/python -c "from router.core import hotpath; assert hotpath.compiled()"
 
 

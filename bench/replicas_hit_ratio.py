@@ -8,6 +8,13 @@ for each run, ``kvrouter serve`` replicas in front of all of them:
 - ``gossip-on``: ``--replicas`` replicas sharing index and load by gossip;
 - ``gossip-off``: the same replicas, each on its own.
 
+With ``--picker`` the replicas are endpoint pickers instead (``kvrouter serve --epp-port P
+--no-proxy``) behind one Python stand-in for Envoy's data plane
+(tests.gateway.extproc.data_plane), which asks them in turns, as Envoy's connections to a
+picker Service spread, and forwards to the engine named: after ``single`` (the proxy, the
+baseline), ``picker-single`` (one picker) and ``picker-gossip-on`` (``--replicas`` pickers,
+gossiping).
+
 A client replays the first ``--requests`` records of a Mooncake trace (each record's blocks
 expanded to text by ``router.core.workload``) as completions requests, round-robin over the
 replicas as a Kubernetes Service would spread them, with ``--concurrency`` in flight (closed
@@ -21,7 +28,7 @@ so ``--kv-capacity-tokens`` is in the trace's tokens on both sides.
     python -m bench.replicas_hit_ratio [--trace ../shared/data/conversation_trace.jsonl]
         [--requests 3000] [--concurrency 16] [--engines 4] [--replicas 4]
         [--kv-capacity-tokens 800000] [--preset local|lan] [--cold-prefix score|ring]
-        [--json]
+        [--picker] [--json]
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from router.commands.fleet import Proc, http_json, running, start_ready, wait_un
 from router.core.workload import from_mooncake
 from router.hostport import LOOPBACK, free_ports
 from router.presets import preset_text
+from tests.gateway.extproc.data_plane import DataPlane
 
 MODEL = "sim-model"
 # Engines fast enough for a run of a minute or two on a small machine, with prefill still
@@ -60,6 +68,7 @@ class Run:
     name: str
     replicas: int
     gossip: bool
+    picker: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,10 +135,13 @@ def start_replicas(
 ) -> list[Proc]:
     backends = [a for e in engines for a in ("--backend", e.url)]
     gossip_ports = free_ports(run.replicas)
+    epp_ports = free_ports(run.replicas)
     replicas = []
     for i in range(run.replicas):
         args = ["serve", "--host", LOOPBACK, "--policy", str(policy), *backends]
         args += ["--log-level", "warning"]
+        if run.picker:
+            args += ["--epp-port", str(epp_ports[i]), "--no-proxy"]
         if run.gossip:
             args += ["--gossip-port", str(gossip_ports[i]), "--gossip-preset", preset]
             if i:
@@ -143,6 +155,20 @@ def start_replicas(
         if run.gossip:
             wait_until(partial(sees, proc, run.replicas - 1), f"{proc.url} sees the rest", 60)
     return replicas
+
+
+def epp_ports_of(replicas: list[Proc]) -> list[int]:
+    ports = []
+    for r in replicas:
+        args = [str(a) for a in r.popen.args]  # type: ignore[union-attr]
+        ports.append(int(args[args.index("--epp-port") + 1]))
+    return ports
+
+
+async def replay_behind_envoy(bodies: list[bytes], pickers: list[str], concurrency: int) -> int:
+    """``replay`` through one Envoy stand-in asking ``pickers`` in turns."""
+    async with DataPlane(pickers).running() as dp:
+        return await replay(bodies, [dp.url], concurrency)
 
 
 def ready_on(proc: Proc, engines: int) -> bool:
@@ -167,7 +193,11 @@ def one_run(
     with running([]) as procs:
         replicas = start_replicas(run, engines, policy, tmp, procs, preset)
         t0 = time.perf_counter()
-        failed = asyncio.run(replay(bodies, [r.url for r in replicas], concurrency))
+        if run.picker:
+            pickers = [f"{LOOPBACK}:{p}" for p in epp_ports_of(replicas)]
+            failed = asyncio.run(replay_behind_envoy(bodies, pickers, concurrency))
+        else:
+            failed = asyncio.run(replay(bodies, [r.url for r in replicas], concurrency))
         seconds = time.perf_counter() - t0
         for r in replicas:
             if r.stop() != 0:
@@ -233,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("score", "ring"),
         help="the policy's cold_prefix (score: the kv-aware preset as shipped)",
     )
+    p.add_argument(
+        "--picker",
+        action="store_true",
+        help="replicas as endpoint pickers behind an Envoy stand-in (after the proxy baseline)",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = p.parse_args(argv)
 
@@ -242,6 +277,12 @@ def main(argv: list[str] | None = None) -> int:
         Run("gossip-on", args.replicas, gossip=True),
         Run("gossip-off", args.replicas, gossip=False),
     ]
+    if args.picker:
+        runs = [
+            Run("single", 1, gossip=False),
+            Run("picker-single", 1, gossip=False, picker=True),
+            Run("picker-gossip-on", args.replicas, gossip=True, picker=True),
+        ]
     engine_flags = [
         "--kv-capacity-tokens", str(args.kv_capacity_tokens),
         "--prefill-tokens-per-s", str(PREFILL_TOKENS_PER_S),

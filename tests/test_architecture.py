@@ -178,6 +178,8 @@ FORBIDDEN: list[tuple[str, set[str]]] = [
     # Which engines exist and how they are never depends on a request's life.
     (f"{GATEWAY}.fleet", {f"{GATEWAY}.inbound", f"{GATEWAY}.exchange", f"{GATEWAY}.app"}),
     (f"{GATEWAY}.openai", {f"{GATEWAY}.app", f"{GATEWAY}.exchange"}),
+    # The endpoint picker is served beside the app, never through it.
+    (f"{GATEWAY}.extproc", {f"{GATEWAY}.app"}),
 ]
 
 
@@ -337,10 +339,13 @@ def test_every_docstring_and_comment_reference_resolves(name: str) -> None:
 
 def test_only_the_runtime_the_app_and_the_exchange_import_the_wiring() -> None:
     # The composition root builds everything; below it, nothing may reach back up into it.
-    # The exchange takes its ``Services`` record from there, and imports nothing else of it.
+    # The exchange takes its ``Services`` record from there, and imports nothing else of it;
+    # so does the endpoint picker, the exchange's counterpart for Envoy.
     wiring = f"{GATEWAY}.wiring"
     allowed = {f"{GATEWAY}.app", f"{GATEWAY}.exchange"}
+    picker = f"{GATEWAY}.extproc"
     for name in MODULES:
-        if _within(name, f"{GATEWAY}.runtime") or name in allowed or name == wiring:
+        within = any(_within(name, p) for p in (f"{GATEWAY}.runtime", picker))
+        if within or name in allowed or name == wiring:
             continue
         assert wiring not in imports(name), f"{name} imports the wiring"

@@ -18,12 +18,15 @@ the environment (KVROUTER_GOSSIP_SECRET), or mutual TLS from the file's ``gossip
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
 from router.core.fields import ConfigError
+from router.gateway.config.epp import with_epp
 from router.gateway.config.gossip import GOSSIP_PRESETS
 from router.gateway.config.overrides import with_kv_events, with_overrides
+from router.gateway.config.pods import with_pods
 from router.gateway.config.settings import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -55,6 +58,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="engine_dns",
         metavar="NAME:PORT",
         help="a DNS name whose every address is an engine (re-resolved periodically)",
+    )
+    add(
+        "--engine-pods",
+        metavar="SELECTOR",
+        help="every Ready pod this label selector (key=value,...) picks is an engine, watched "
+        "through the Kubernetes API (needs kvrouter[kubernetes])",
+    )
+    add(
+        "--engine-pods-port",
+        type=int,
+        metavar="PORT",
+        help="the port engines listen on in those pods (default 8000)",
     )
     add(
         "--engine-api-key-env",
@@ -152,6 +167,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where precise keys get token ids: engine (its POST /tokenize; the default), or "
         "the model's tokenizer.json or folder, with its chat template (no round trip)",
     )
+    e = parser.add_argument_group(
+        "endpoint picker for an Envoy-based gateway",
+        "Serve Envoy's ext_proc API (the Gateway API Inference Extension's endpoint picker) "
+        "and gRPC health on a port of its own, deciding as the proxy does.",
+    )
+    e.add_argument("--epp-port", type=int, metavar="P", help="serve the picker on this port")
+    e.add_argument(
+        "--no-proxy",
+        action="store_true",
+        help="the HTTP port serves only health, readiness, metrics and admin (Envoy proxies)",
+    )
     add(
         "--log-level",
         default="info",
@@ -186,6 +212,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
         replay_port=args.kv_events_replay_port,
         tokenizer=args.tokenizer,
     )
+    cfg = dataclasses.replace(cfg, epp=with_epp(cfg.epp, args.epp_port, args.no_proxy))
+    pods = with_pods(cfg.engines.pods, args.engine_pods, args.engine_pods_port)
+    cfg = dataclasses.replace(cfg, engines=dataclasses.replace(cfg.engines, pods=pods))
     check_ready_to_serve(cfg)
     return cfg
 

@@ -240,6 +240,8 @@ def build_app(gw: Gateway) -> web.Application:
     app.cleanup_ctx.append(_task_ctx("health-probes", lambda g: g.pool.health_loop))
     app.cleanup_ctx.append(_task_ctx("model-lists", lambda g: g.pool.models_loop))
     app.cleanup_ctx.append(_task_ctx("dns-discovery", lambda g: g.pool.dns_loop))
+    if gw.pods is not None:
+        app.cleanup_ctx.append(_task_ctx("pod-discovery", lambda g: g.pods_loop))
     app.cleanup_ctx.append(_task_ctx("policy-watcher", lambda g: g.watcher.run))
     if gw.config_watcher is not None:
         app.cleanup_ctx.append(_task_ctx("config-watcher", lambda g: g.config_watch_loop))
@@ -249,10 +251,11 @@ def build_app(gw: Gateway) -> web.Application:
             app.cleanup_ctx.append(_task_ctx("tokenizer-check", lambda g: g.tokenizer_check_loop))
     app.cleanup_ctx.append(_task_ctx("engine-metrics", lambda g: g.engine_metrics.run))
     app.cleanup_ctx.append(_task_ctx("flow-control", lambda g: g.admission.pump_loop))
-    app.add_routes([web.post(route, _generation(route)) for route in PROMPT_FIELD])
+    if gw.config.epp.proxy:  # else Envoy proxies, and the picker decides (epp.proxy: false)
+        app.add_routes([web.post(route, _generation(route)) for route in PROMPT_FIELD])
+        app.add_routes([web.get("/v1/models", models)])
     app.add_routes(
         [
-            web.get("/v1/models", models),
             web.get("/health", health),
             web.get("/ready", ready),
             web.route("*", "/debug/route", _admin("POST", debug_route)),

@@ -33,7 +33,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from aiohttp import web
 
@@ -75,12 +75,16 @@ def decide(
     inbound: Inbound,
     headers: Mapping[str, str],
     tokenized: TokenPrompt | None = None,
+    within: Collection[str] | None = None,
 ) -> Decision:
-    """The core's decision for ``inbound`` among the engines serving its model (a query)."""
+    """The core's decision for ``inbound`` among the engines serving its model (a query);
+    ``within``: only those engines may be chosen (the endpoint picker's subset hint)."""
     core = s.core
     session = core.session_of(headers, inbound.body)
     # Asked again after admission on purpose: the wait may have changed who is healthy.
     cands = s.pool.candidates(inbound.model)
+    if within is not None:
+        cands = tuple(c for c in cands if c in within)
     return core.decide(inbound.text, cands, s.clock(), session, tokenized=tokenized)
 
 

@@ -35,6 +35,7 @@ from router.gateway.config.reload import ModelsWatcher, PolicyWatcher, Result
 from router.gateway.config.serving import Forwarding, Limits, Timeouts
 from router.gateway.config.settings import Config
 from router.gateway.config.tracing import export
+from router.gateway.fleet.pods import PodWatcher
 from router.gateway.fleet.pool import EnginePool, Resolver, resolve_dns
 from router.gateway.fleet.scrape import EngineMetricsScraper
 from router.gateway.inbound.admission import Admission
@@ -181,6 +182,12 @@ class Gateway:
             )
             self.models = self.config_watcher.load_initial()  # raises ConfigError
         self.pool.set_aliases(self.models.aliases)
+        # Raises ConfigError without the Kubernetes client: no start without it.
+        self.pods = (
+            PodWatcher(config.engines.pods, self.pool.set_addresses)
+            if config.engines.pods is not None
+            else None
+        )
         # The engines' own load, blended into the core's LoadBook (router.core.load).
         self.engine_metrics = EngineMetricsScraper(
             em,
@@ -297,6 +304,11 @@ class Gateway:
         """Watch the config file's models section while the app runs."""
         if self.config_watcher is not None:
             await self.config_watcher.run()
+
+    async def pods_loop(self) -> None:
+        """Follow the Kubernetes pods that are engines while the app runs."""
+        if self.pods is not None:
+            await self.pods.run()
 
     async def kv_events_loop(self) -> None:
         """Subscribe to the engines' KV events while the app runs."""

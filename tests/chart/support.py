@@ -35,7 +35,7 @@ CLUSTER_DOMAIN = "cluster.local"
 KUBE_VERSIONS = ("1.25", "1.37")
 
 # Kinds whose schema is a CRD's, not Kubernetes': rendered and checked by hand, not validated.
-CRD_KINDS = frozenset({"ServiceMonitor"})
+CRD_KINDS = frozenset({"ServiceMonitor", "InferencePool", "HTTPRoute"})
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
 
 # --- the router's side of the contract ------------------------------------------------------

@@ -28,6 +28,9 @@ camelCase; the file's keys are the router's snake_case names.
 {{- else if or $kv.replayPort $kv.topic $kv.tokenizer.volume }}
 {{- fail "router.backends.kvEvents.port is required when replayPort, topic or tokenizer.volume is set (0 turns KV events off)" }}
 {{- end }}
+{{- if include "kvrouter.epp" . }}
+{{- $_ := set $backends "pods" (dict "selector" (include "kvrouter.eppSelector" .) "namespace" .Release.Namespace "port" (.Values.epp.inferencePool.targetPort | int)) }}
+{{- end }}
 {{- if include "kvrouter.engineApiKey" . }}
 {{- $_ := set $backends "api_key_env" (include "kvrouter.engineApiKeyEnv" .) }}
 {{- end }}
@@ -95,6 +98,9 @@ camelCase; the file's keys are the router's snake_case names.
     "secret_env" "KVROUTER_GOSSIP_SECRET"
     "tls" $tls)
 }}
+{{- if include "kvrouter.epp" . }}
+{{- $_ := set $config "epp" (dict "port" (.Values.epp.port | int) "proxy" .Values.epp.proxy) }}
+{{- end }}
 {{- toYaml $config }}
 {{- end }}
 

@@ -5,10 +5,12 @@
 - ``serving``: the sections that say how a request is served: ``timeouts``, ``limits``, ``auth``,
   ``forwarding``, ``drain`` and ``flow_control``.
 - ``engines``: the ``engines`` and ``engine_metrics`` sections.
+- ``pods``: ``engines.pods``, engines found as the Kubernetes pods a label selector picks.
 - ``gossip``: the ``gossip`` section.
 - ``models``: the ``models`` section: model aliases and patterns, and the request rewritten to
   the served name.
 - ``tracing``: the ``tracing`` section, and the standard ``OTEL_*`` variables over it.
+- ``epp``: the ``epp`` section (the endpoint picker) and its flags.
 - ``overrides``: the command-line flags, applied over the file's values.
 - ``engine_keys``: the API key each engine is sent, read from the environment once.
 - ``reload``: hot reload of the policy file, and of the config file's ``models`` section.

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from router import hostport
 from router.core.fields import ConfigFields, show
 from router.core.precise import DEFAULT_BRIDGE_SECONDS, DEFAULT_MEDIUM_WEIGHTS
+from router.gateway.config.pods import PodEngines, pod_engines
 
 SCHEMES = ("http", "https")
 # How an engine is told that a request's client has gone (router.gateway.upstream.abort):
@@ -98,6 +99,8 @@ class EngineSources:
     # The key the file gave this section (engines, or the released spelling backends), so that
     # messages about it name what the user wrote; two spellings of one setup are equal.
     section: str = field(default="engines", compare=False)
+    # Kubernetes pods picked by a label selector (router.gateway.config.pods); None: none.
+    pods: PodEngines | None = None
 
     def key(self, path: str) -> str:
         """The full key of ``path`` in this section as the file spells it."""
@@ -324,6 +327,7 @@ def engine_sources(f: ConfigFields | None) -> EngineSources:
         static_key_envs=key_envs,
         static_kinds=kinds,
         section=f.path,
+        pods=pod_engines(f.sub("pods")),
     )
     f.done()
     return out

@@ -12,6 +12,7 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
       dns: {name: "", port: 8000, scheme: http,  # name: a headless Service's DNS name
             interval_seconds: 10, api_key_env: "", kind: vllm}
       models_refresh_seconds: 30
+      pods: {selector: "", namespace: "", port: 8000, scheme: http}  # Kubernetes pods by label
       api_key_env: ""                          # the variable holding the engines' API key
       kv_events: {port: 0, replay_port: 0, topic: "", tokenizer: engine,
                   tokenize_timeout_seconds: 0.5, bridge_seconds: 5,
@@ -54,12 +55,14 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
       patterns: []                               # [{match: GLOB, model: SERVED_NAME}], in order
     tracing: {enabled: false, endpoint: "", protocol: grpc, sample_ratio: 1.0,
               service_name: kvrouter}    # OTEL_* variables win (router.gateway.config.tracing)
+    epp: {port: 0, proxy: true}   # the endpoint picker's gRPC port (0: off); proxy: false
+                                  # leaves the HTTP port with health, metrics and admin only
 
 This module defines ``listen``, ``policy_reload`` and ``health``, and composes every section into
 ``Config``. The others live in this package's ``serving`` (how a request is served: ``timeouts``,
 ``limits``, ``auth``, ``forwarding``, ``drain``, ``flow_control``), ``engines`` (``engines``,
-``engine_metrics``), ``gossip``, ``tracing`` and ``models`` (model aliases, the one section
-applied again when the file changes: router.gateway.config.reload).
+``engine_metrics``), ``gossip``, ``tracing``, ``epp`` and ``models`` (model aliases, the one
+section applied again when the file changes: router.gateway.config.reload).
 
 Every section and field is optional. There are no engines by default, and an empty
 ``engines.dns.name`` means no DNS discovery. Gossip listens on ``listen.host`` at
@@ -86,6 +89,7 @@ from router.gateway.config.engines import (
     engine_metrics,
     engine_sources,
 )
+from router.gateway.config.epp import EppSettings, check_epp, epp
 from router.gateway.config.gossip import GossipSettings, gossip
 from router.gateway.config.models import ModelAliases, models
 from router.gateway.config.serving import (
@@ -164,6 +168,7 @@ class Config:
     # The file this config was read from ("": none), for the watcher of its models section.
     source: str = field(default="", compare=False)
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    epp: EppSettings = field(default_factory=EppSettings)
 
 
 def _listen(f: ConfigFields | None) -> Listen:
@@ -241,6 +246,7 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
         drain=drain(f.sub("drain")),
         models=models(f.sub("models")),
         tracing=tracing(f.sub("tracing")),
+        epp=epp(f.sub("epp")),
     )
     f.done()
     return cfg
@@ -259,15 +265,16 @@ def load_config(path: str | Path) -> Config:
 
 def check_ready_to_serve(cfg: Config) -> None:
     """Cross-checks that only matter once flags are applied; raises ``ConfigError``."""
-    if not cfg.engines.static and cfg.engines.dns is None:
+    if not cfg.engines.static and cfg.engines.dns is None and cfg.engines.pods is None:
         raise ConfigError(
-            "no engines: give --engine URL, --engine-dns NAME:PORT, "
-            "or engines.static / engines.dns in the config file"
+            "no engines: give --engine URL, --engine-dns NAME:PORT, --engine-pods SELECTOR, "
+            "or engines.static / engines.dns / engines.pods in the config file"
         )
     if not cfg.listen.host:
         raise ConfigError("listen.host: must not be empty")
     if cfg.listen.metrics_port and cfg.listen.metrics_port == cfg.listen.port:
         raise ConfigError("listen.metrics_port: must differ from the API port (0: share it)")
+    check_epp(cfg.epp, cfg.listen.port)
     kv = cfg.engines.kv_events
     if kv.tokenizer != "engine" and not kv.enabled:
         raise ConfigError(

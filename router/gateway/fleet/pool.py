@@ -252,9 +252,16 @@ class EnginePool:
 
     def set_dns_addresses(self, urls: Iterable[str]) -> None:
         """The DNS name now resolves to ``urls``; static engines stay."""
+        self.set_addresses("dns", urls)
+
+    def set_addresses(self, source: str, urls: Iterable[str]) -> None:
+        """Discovery ``source`` (dns, pods) now finds ``urls``; other sources' engines stay."""
         wanted = {u: "static" for u in self.cfg.static}
+        for u, b in self._engines.items():
+            if b.source != source:
+                wanted.setdefault(u, b.source)
         for u in urls:
-            wanted.setdefault(u, "dns")
+            wanted.setdefault(u, source)
         self._set_engines_from(wanted)
 
     def report_success(self, url: str, probe: bool = False) -> None:

@@ -6,7 +6,9 @@ with handler cancellation (a client that leaves cancels its engine request), SIG
 graceful stop (router.gateway.runtime.drain: ``/ready`` turns 503, no new connections, in-flight
 requests get ``drain.grace_seconds`` and are then cut with a clean error), SIGHUP for
 an immediate reload of the policy and of the config file's model aliases, and exit codes: 2
-for a policy that does not load, 1 for a port or gossip listener that cannot be had.
+for a policy that does not load, 1 for a port or gossip listener that cannot be had. With
+``epp.port`` the endpoint picker (router.gateway.extproc) serves on its own port from the same
+gateway.
 
 The listening socket serves aiohttp's server through the gateway's own connection protocol
 (``router.gateway.inbound.connections``: the connection cap, the header deadline, errors in OpenAI's
@@ -29,6 +31,7 @@ from router.core.policy import PolicyError
 from router.eventloop import loop_factory
 from router.gateway.app import build_app, build_metrics_app
 from router.gateway.config.settings import Config
+from router.gateway.extproc.server import PickerServer
 from router.gateway.inbound.connections import Connections, fit_open_files
 from router.gateway.runtime import collector
 from router.gateway.runtime.drain import CUT_SECONDS
@@ -70,7 +73,10 @@ async def serve(
     listener: asyncio.Server | None = None
     scrapes = web.AppRunner(build_metrics_app(gw), access_log=None)
     scrapes_listener: asyncio.Server | None = None
+    picker = picker_server(gw, reuse_port=reuse_port)
     try:
+        if picker is not None:
+            await picker.start()
         assert runner.server is not None  # set up above
         listener = await loop.create_server(
             gw.connections.factory(runner.server, access_log=None),
@@ -110,11 +116,23 @@ async def serve(
             loop.remove_signal_handler(sig)
         if listener is not None:
             listener.close()  # no new connections; the runner drains the open ones
+        if picker is not None:
+            await picker.stop()
         await runner.cleanup()
         # Last: the drain stays visible to scrapers.
         if scrapes_listener is not None:
             scrapes_listener.close()
         await scrapes.cleanup()
+
+
+def picker_server(gw: Gateway, *, reuse_port: bool = False) -> PickerServer | None:
+    """The endpoint picker for ``gw`` when ``epp.port`` is set (router.gateway.extproc)."""
+    epp = gw.config.epp
+    if not epp.enabled:
+        return None
+    return PickerServer(
+        gw.services, gw.config.listen.host, epp.port, gw.ready, reuse_port=reuse_port
+    )
 
 
 def setup_logging(level: str, tag: str = "") -> None:
