@@ -16,10 +16,12 @@ $(STAMP): pyproject.toml setup.py router/core/hotpath-c/hotpath.c
 
 # The gossip protocol's Python code is committed in router/gossip/pb/, so that every install
 # (wheel, sdist, editable, the image) has it without a protobuf compiler. Run this after editing
-# proto/gossip.proto; tests/gossip/test_generated_code.py fails until the two agree.
+# proto/gossip.proto; tests/gossip/test_generated_code.py fails until the two agree. Envoy's
+# ext_proc protos (proto/vendor/) are generated likewise into router/gateway/extproc/pb/.
 proto: install
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=router/gossip/pb --pyi_out=router/gossip/pb \
 	  proto/gossip.proto
+	$(PY) proto/generate_extproc.py
 
 demo: install
 	$(VENV)/bin/kvrouter demo

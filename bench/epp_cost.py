@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import orjson
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from bench.common import markdown_table, print_report
 from router.core.stats import percentile
@@ -42,6 +41,7 @@ from router.gateway.exchange import decide
 from router.gateway.extproc.endpoints import Endpoints
 from router.gateway.extproc.messages import FULL_DUPLEX_STREAMED
 from router.gateway.extproc.metrics import EppMetrics
+from router.gateway.extproc.pb import envoy_service_ext_proc_v3_external_processor_pb2 as ep
 from router.gateway.extproc.stream import Picker, PickerStream
 from router.gateway.openai.request import parse
 from router.gateway.wiring import Gateway

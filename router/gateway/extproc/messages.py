@@ -20,11 +20,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
+
+from router.gateway.extproc.pb import envoy_config_core_v3_base_pb2 as base_pb2
+from router.gateway.extproc.pb import (
+    envoy_extensions_filters_http_ext_proc_v3_processing_mode_pb2 as processing_mode_pb2,
+)
+from router.gateway.extproc.pb import envoy_service_ext_proc_v3_external_processor_pb2 as ep
+from router.gateway.extproc.pb import envoy_type_v3_http_status_pb2 as http_status_pb2
 
 DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"

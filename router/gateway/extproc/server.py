@@ -21,13 +21,15 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from router import hostport
 from router.gateway.extproc.endpoints import Endpoints
 from router.gateway.extproc.metrics import EppMetrics
+from router.gateway.extproc.pb import envoy_service_ext_proc_v3_external_processor_pb2 as ep
+from router.gateway.extproc.pb import (
+    envoy_service_ext_proc_v3_external_processor_pb2_grpc as ep_grpc,
+)
 from router.gateway.extproc.stream import Picker, PickerStream, Unsupported
 from router.gateway.wiring import Services
 

@@ -30,7 +30,6 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import orjson
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from router.core.decision import Lease
 from router.core.verdict import Decision
@@ -38,6 +37,7 @@ from router.gateway.exchange import GENERATION_ROUTES, decide
 from router.gateway.extproc import messages as msg
 from router.gateway.extproc.endpoints import Endpoints
 from router.gateway.extproc.metrics import EppMetrics
+from router.gateway.extproc.pb import envoy_service_ext_proc_v3_external_processor_pb2 as ep
 from router.gateway.inbound.admission import priority_of, tenant_of
 from router.gateway.openai.errors import (
     BadRequest,

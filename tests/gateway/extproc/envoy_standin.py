@@ -49,14 +49,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf import struct_pb2
 from google.protobuf.json_format import MessageToDict
 
 from router.gateway.extproc import messages as msg
+from router.gateway.extproc.pb import envoy_config_core_v3_base_pb2 as base_pb2
+from router.gateway.extproc.pb import (
+    envoy_extensions_filters_http_ext_proc_v3_processing_mode_pb2 as processing_mode_pb2,
+)
+from router.gateway.extproc.pb import envoy_service_ext_proc_v3_external_processor_pb2 as ep
+from router.gateway.extproc.pb import (
+    envoy_service_ext_proc_v3_external_processor_pb2_grpc as ep_grpc,
+)
 
 Mode = processing_mode_pb2.ProcessingMode
 BUFFERED = Mode.BUFFERED
