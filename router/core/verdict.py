@@ -129,10 +129,14 @@ class Decision:
         holders = [e for e, o in zip(x.candidates, x.overlaps, strict=True) if deep and o == deep]
         return {"block": deep, "char_offset": deep * self.block_chars, "holders": holders}
 
+    def prefix_broken(self) -> dict[str, int] | None:
+        """``broken_at`` as its block and that block's first character (None: not broken)."""
+        b = self.broken_at
+        return None if b is None else {"block": b, "char_offset": b * self.block_chars}
+
     def explain(self) -> dict[str, Any]:
         """A JSON-ready account of the decision, per candidate."""
         x = self.inputs
-        broken = self.broken_at
         return {
             "engine": self.engine,
             "reason": self.reason,
@@ -142,9 +146,7 @@ class Decision:
             "reachable_blocks": self.reachable,
             "not_deepest": self.not_deepest,
             "divergence": self.divergence(),
-            "prefix_broken_at": None
-            if broken is None
-            else {"block": broken, "char_offset": broken * self.block_chars},
+            "prefix_broken_at": self.prefix_broken(),
             "fallbacks": list(self.fallbacks),
             "candidates": [
                 {

@@ -54,6 +54,7 @@ from router.gateway.openai.errors import (
     stream_error,
 )
 from router.gateway.openai.request import Inbound
+from router.gateway.receipt import RECEIPT, Receipt
 from router.gateway.upstream import relay
 from router.gateway.upstream.client import UpstreamRequest, UpstreamResponse
 from router.gateway.upstream.deadline import Deadline
@@ -98,6 +99,8 @@ class Exchange:
         # Names the request in client-facing errors and in every log line about it.
         self.id = request_id(request.headers.get("X-Request-Id", ""))
         request[REQUEST_ID] = self.id
+        # What happened to it, for the access log and the routing-quality metrics.
+        self.receipt = request[RECEIPT] = Receipt(self.id, route, self.t0)
 
     async def run(self) -> web.StreamResponse:
         """Serve the request; every failure becomes an OpenAI-shaped error response."""
@@ -123,6 +126,7 @@ class Exchange:
         finally:
             m.requests.labels(self.route, str(self.status or 500)).inc()
             m.duration.observe(self.s.clock() - self.t0)
+            self.s.receipts.close(self.receipt, self.status or 500, self.s.clock())
 
     async def _serve(self) -> web.StreamResponse:
         s = self.s
@@ -130,16 +134,18 @@ class Exchange:
         inbound = await s.bodies.parse(raw, self.route)
         # Flow control: wait here (bounded) while every engine that could serve it is full.
         rules = s.admission.rules
+        r = self.receipt
+        r.model = inbound.model
+        r.tenant = tenant_of(
+            inbound.body, self.request.headers, rules.tenant_header, self.request.get(KEY_NAME)
+        )
+        waited = s.clock()
         await s.admission.enter(
             s.pool.candidates(inbound.model),
             priority_of(inbound.body, self.request.headers, rules.priority_header),
-            tenant_of(
-                inbound.body,
-                self.request.headers,
-                rules.tenant_header,
-                self.request.get(KEY_NAME),
-            ),
+            r.tenant,
         )
+        r.queue_wait = s.clock() - waited
         try:
             return await self._route(inbound, raw)
         finally:
@@ -151,6 +157,7 @@ class Exchange:
         t = time.perf_counter()
         d = decide(s, inbound, self.request.headers, tokenized)
         s.metrics.decision.observe(time.perf_counter() - t)
+        self.receipt.decision = d
         if d.engine is None:
             raise NoEngine("no engine can take the request right now")
         s.metrics.overlap.observe(d.overlap_ratio)
@@ -183,6 +190,7 @@ class Exchange:
         for attempt, engine in enumerate(plan, 1):
             if attempt > 1:
                 await self._before_retry(attempt, engine)
+            self.receipt.attempt(engine, attempt)
             lease = s.core.acquire(d, engine, s.clock())
             try:
                 resp = await self._attempt(lease, raw, headers)
@@ -237,6 +245,7 @@ class Exchange:
 
     def _first_byte(self, lease: Lease) -> None:
         """The engine took the prompt: record its blocks there and tell the peers."""
+        self.receipt.answered_at = self.s.clock()
         delta = self.s.core.record(lease, self.s.clock())
         if delta is not None:
             self.s.publish(delta)
@@ -332,6 +341,7 @@ class Exchange:
     def _count_usage(self, counts: tuple[int, int] | None) -> None:
         if counts is not None:
             self.s.metrics.usage(*counts)
+            self.receipt.usage = counts
 
     def _first_sent(self) -> None:
         """The client has the stream's first bytes: its time to first token."""

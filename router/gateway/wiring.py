@@ -43,6 +43,7 @@ from router.gateway.openai.request import BodyParser, Inbound
 from router.gateway.precise.engines import PreciseEngines
 from router.gateway.precise.kv_events import EventMetrics, Subscriber
 from router.gateway.precise.tokenize import Tokenizer
+from router.gateway.receipt import Receipts, no_receipts
 from router.gateway.replicas.delegate import run_origin
 from router.gateway.runtime.drain import Drain
 from router.gateway.upstream.client import HttpUpstream, Upstream
@@ -85,6 +86,8 @@ class Services:
     # What non-streamed answers held until their end may take together
     # (router.gateway.upstream.relay).
     holds: HoldBudget = field(default_factory=HoldBudget)
+    # Where each request's receipt ends: routing-quality counters, the access log.
+    receipts: Receipts = field(default_factory=no_receipts)
 
 
 class Gateway:
@@ -213,6 +216,7 @@ class Gateway:
             bodies=self.bodies,
             tokenize=self.tokenizer,
             drain=self.drain,
+            receipts=Receipts(config.access_log, self.metrics.quality, self.core.precise),
         )
 
     def _healthy(self) -> Mapping[str, bool]:

@@ -6,6 +6,7 @@
   ``forwarding``, ``drain`` and ``flow_control``.
 - ``engines``: the ``engines`` and ``engine_metrics`` sections.
 - ``gossip``: the ``gossip`` section.
+- ``access_log``: the ``access_log`` section.
 - ``overrides``: the command-line flags, applied over the file's values.
 - ``engine_keys``: the API key each engine is sent, read from the environment once.
 - ``reload``: hot reload of the policy file.

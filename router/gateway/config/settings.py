@@ -47,11 +47,13 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
     gossip: {enabled: false, port: 7946, dns: "", peers: [], secret_env: KVROUTER_GOSSIP_SECRET,
              tls: {cert_file: "", key_file: "", ca_file: ""}, advertise: "", node_id: "",
              preset: lan}
+    access_log: {enabled: true, sample: 1.0}       # errors are written whatever the sample
+    route_headers: false      # x-kvrouter-engine, x-kvrouter-overlap-tokens on every answer
 
 This module defines ``listen``, ``policy_reload`` and ``health``, and composes every section into
 ``Config``. The others live in this package's ``serving`` (how a request is served: ``timeouts``,
 ``limits``, ``auth``, ``forwarding``, ``drain``, ``flow_control``), ``engines`` (``engines``,
-``engine_metrics``) and ``gossip``.
+``engine_metrics``), ``gossip`` and ``access_log``.
 
 Every section and field is optional. There are no engines by default, and an empty
 ``engines.dns.name`` means no DNS discovery. Gossip listens on ``listen.host`` at
@@ -71,6 +73,7 @@ from typing import Any
 
 from router import presets
 from router.core.fields import ConfigError, ConfigFields, parse_yaml, show
+from router.gateway.config.access_log import AccessLogSettings, access_log
 from router.gateway.config.engines import (
     EngineMetricsSettings,
     EngineSources,
@@ -149,6 +152,9 @@ class Config:
     auth: Auth = field(default_factory=Auth)
     forwarding: Forwarding = field(default_factory=Forwarding)
     drain: DrainSettings = field(default_factory=DrainSettings)
+    access_log: AccessLogSettings = field(default_factory=AccessLogSettings)
+    # Answers name the engine and its believed overlap: off, as engine addresses are internal.
+    route_headers: bool = False
 
 
 def _listen(f: ConfigFields | None) -> Listen:
@@ -224,6 +230,8 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
         auth=auth(f.sub("auth")),
         forwarding=forwarding(f.sub("forwarding")),
         drain=drain(f.sub("drain")),
+        access_log=access_log(f.sub("access_log")),
+        route_headers=f.flag("route_headers", d.route_headers),
     )
     f.done()
     return cfg

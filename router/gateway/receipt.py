@@ -1,0 +1,200 @@
+"""A receipt per request: what happened to it, written once as a JSON line when it ends.
+
+The exchange (router.gateway.exchange) fills one ``Receipt`` as the request goes: its tenant
+and model, the wait for admission, the decision, each attempt, the engine's first byte and
+``usage``; its ``finally`` hands it to ``Receipts.close``, which counts the routing-quality
+metrics (router.gateway.quality) and writes the access-log line: one JSON object on standard
+error, at INFO on the logger ``kvrouter.access``, with these fields:
+
+- ``request_id``, ``route``, ``status`` (what the client saw; 499: it went away), ``tenant``
+  (flow control's: the tenant header, else ``key:`` and a digest of the API key's name, never
+  the key, else ``user:`` and a digest), ``model``;
+- ``engine``: the engine of the last attempt (null: none was made); ``attempts``; ``path``:
+  ``routed`` (the decision's pick answered), ``retry`` (a fallback answered after attempts
+  failed), ``failed`` (the client got a 5xx after attempts), ``rejected`` (never sent: a bad
+  request, flow control's 429, no engine);
+- ``queue_wait_ms`` (in flow control's queue), ``ttft_ms`` (from arrival to the engine's first
+  byte of a 200 answer; null: none came), ``duration_ms``;
+- ``prompt_tokens`` (the engine's ``usage`` when given, else the router's estimate),
+  ``believed`` (tokens the engine that took it was believed to hold), ``reachable`` (the
+  deepest eligible holder's), ``cached_tokens`` (the engine's ``usage``; null: not reported),
+  ``not_deepest`` (``Decision.not_deepest``), ``divergence_block`` (the request's first block
+  no engine held), ``prefix_broken_at`` (for a conversation's follow-up turn whose history
+  changed: ``{block, char_offset}``, see router.core.turns).
+
+Never prompt text, API keys or engine credentials: the line is built from the fields above
+only. ``access_log.sample`` writes that share of the lines, and every error (status 400 and
+above) whatever the share. With ``route_headers: true``, ``route_headers`` (an
+``on_response_prepare`` hook) adds ``x-kvrouter-engine`` and ``x-kvrouter-overlap-tokens`` to
+the answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+from collections.abc import Callable, Container
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from router.core.verdict import Decision
+from router.gateway.config.access_log import AccessLogSettings
+from router.gateway.quality import RoutingQuality
+
+ACCESS_LOGGER = "kvrouter.access"
+ENGINE_HEADER = "x-kvrouter-engine"
+OVERLAP_HEADER = "x-kvrouter-overlap-tokens"
+MAX_MODEL_CHARS = 200  # a model name is the client's text: long enough for any real one
+
+log = logging.getLogger(ACCESS_LOGGER)
+
+
+class Receipt:
+    """One request's account, filled along its exchange."""
+
+    __slots__ = (
+        "answered_at",
+        "attempts",
+        "decision",
+        "engine",
+        "model",
+        "queue_wait",
+        "request_id",
+        "route",
+        "t0",
+        "tenant",
+        "usage",
+    )
+
+    def __init__(self, request_id: str, route: str, t0: float) -> None:
+        self.request_id = request_id
+        self.route = route
+        self.t0 = t0
+        self.tenant: str | None = None
+        self.model: str | None = None
+        self.queue_wait = 0.0
+        self.decision: Decision | None = None
+        self.engine: str | None = None
+        self.attempts = 0
+        self.answered_at: float | None = None
+        self.usage: tuple[int, int] | None = None  # (prompt, cached) from the engine
+
+    def attempt(self, engine: str, n: int) -> None:
+        """Attempt ``n`` goes to ``engine``."""
+        self.engine, self.attempts = engine, n
+
+    def believed(self) -> int:
+        """Prompt tokens the engine of the last attempt was believed to hold."""
+        d = self.decision
+        if d is None or self.engine is None:
+            return 0
+        return d.believed_tokens(d.overlap_of(self.engine))
+
+    def path(self, status: int) -> str:
+        if not self.attempts:
+            return "rejected"
+        if status >= 500 and status != 499:
+            return "failed"
+        return "routed" if self.attempts == 1 else "retry"
+
+    def line(self, status: int, now: float) -> dict[str, Any]:
+        """The access-log record."""
+        d = self.decision
+        usage = self.usage
+        broken = d.prefix_broken() if d is not None else None
+        divergence = d.divergence() if d is not None else None
+        return {
+            "request_id": self.request_id,
+            "route": self.route,
+            "status": status,
+            "tenant": self.tenant,
+            "model": self.model[:MAX_MODEL_CHARS] if self.model is not None else None,
+            "engine": self.engine,
+            "path": self.path(status),
+            "attempts": self.attempts,
+            "queue_wait_ms": round(self.queue_wait * 1000, 3),
+            "ttft_ms": _ms(self.answered_at - self.t0) if self.answered_at is not None else None,
+            "duration_ms": _ms(now - self.t0),
+            "prompt_tokens": usage[0] if usage else (d.prompt_tokens if d else None),
+            "believed": self.believed() if d else None,
+            "reachable": d.believed_tokens(d.reachable) if d else None,
+            "cached_tokens": usage[1] if usage else None,
+            "not_deepest": d.not_deepest if d else None,
+            "divergence_block": divergence["block"] if divergence else None,
+            "prefix_broken_at": broken,
+        }
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+class _Stderr(logging.Handler):
+    """Each record's message alone, on the standard error of the moment."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(record.getMessage() + "\n")
+        except Exception:
+            self.handleError(record)
+
+
+def _install() -> None:
+    """The access log's handler, once per process; its lines stay out of the other logs."""
+    if not any(isinstance(h, _Stderr) for h in log.handlers):
+        log.addHandler(_Stderr())
+        log.propagate = False
+
+
+class Receipts:
+    """Where receipts end: the routing-quality counters and the access log."""
+
+    def __init__(
+        self,
+        settings: AccessLogSettings,
+        quality: RoutingQuality,
+        precise: Container[str] = (),
+        chance: Callable[[], float] = random.random,
+    ) -> None:
+        self.settings = settings
+        self.quality = quality
+        self.precise = precise  # engines whose KV events the index holds
+        self._chance = chance
+        if settings.enabled:
+            _install()
+
+    def close(self, r: Receipt, status: int, now: float) -> None:
+        """Count ``r``'s request and write its line (if sampled)."""
+        d = r.decision
+        if d is not None:
+            self.quality.decided(d.not_deepest)
+            if r.usage is not None and r.engine is not None:
+                mode = "precise" if r.engine in self.precise else "approximate"
+                reach = d.believed_tokens(d.reachable)
+                self.quality.answered(r.engine, mode, reach, r.believed(), r.usage[1])
+        s = self.settings
+        if not s.enabled or not log.isEnabledFor(logging.INFO):
+            return
+        if status < 400 and (s.sample <= 0 or (s.sample < 1 and self._chance() >= s.sample)):
+            return
+        log.info(orjson.dumps(r.line(status, now)).decode())
+
+
+def no_receipts() -> Receipts:
+    """Receipts that are counted where nobody scrapes and never written."""
+    return Receipts(AccessLogSettings(enabled=False), RoutingQuality(CollectorRegistry()))
+
+
+RECEIPT = web.RequestKey("kvrouter.receipt", Receipt)
+
+
+async def route_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: the answer names the engine it came from and its overlap."""
+    r = request.get(RECEIPT)
+    if r is not None and r.engine is not None:
+        response.headers[ENGINE_HEADER] = r.engine
+        response.headers[OVERLAP_HEADER] = str(r.believed())
