@@ -72,6 +72,10 @@ camelCase; the file's keys are the router's snake_case names.
     "client_credentials" $r.forwarding.clientCredentials
     "trust_forwarding_headers" $r.forwarding.trustForwardingHeaders)
   "drain" (dict "grace_seconds" $grace)
+  "access_log" (dict
+    "enabled" $r.accessLog.enabled
+    "sample" ($r.accessLog.sample | float64))
+  "route_headers" $r.routeHeaders
   "admin_token_env" "KVROUTER_ADMIN_TOKEN"
   "gossip" (dict
     "enabled" .Values.gossip.enabled
