@@ -139,13 +139,13 @@ class Exchange:
         r.tenant = tenant_of(
             inbound.body, self.request.headers, rules.tenant_header, self.request.get(KEY_NAME)
         )
-        waited = s.clock()
+        r.queued_at = s.clock()
         await s.admission.enter(
             s.pool.candidates(inbound.model),
             priority_of(inbound.body, self.request.headers, rules.priority_header),
             r.tenant,
         )
-        r.queue_wait = s.clock() - waited
+        r.admitted_at = s.clock()
         try:
             return await self._route(inbound, raw)
         finally:

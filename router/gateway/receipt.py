@@ -13,7 +13,8 @@ error, at INFO on the logger ``kvrouter.access``, with these fields:
   ``routed`` (the decision's pick answered), ``retry`` (a fallback answered after attempts
   failed), ``failed`` (the client got a 5xx after attempts), ``rejected`` (never sent: a bad
   request, flow control's 429, no engine);
-- ``queue_wait_ms`` (in flow control's queue), ``ttft_ms`` (from arrival to the engine's first
+- ``queue_wait_ms`` (in flow control's queue, until admitted or turned away; null: the request
+  never reached it), ``ttft_ms`` (from arrival to the engine's first
   byte of a 200 answer; null: none came), ``duration_ms``;
 - ``prompt_tokens`` (the engine's ``usage`` when given, else the router's estimate),
   ``believed`` (tokens the engine that took it was believed to hold), ``reachable`` (the
@@ -57,12 +58,13 @@ class Receipt:
     """One request's account, filled along its exchange."""
 
     __slots__ = (
+        "admitted_at",
         "answered_at",
         "attempts",
         "decision",
         "engine",
         "model",
-        "queue_wait",
+        "queued_at",
         "request_id",
         "route",
         "t0",
@@ -76,7 +78,9 @@ class Receipt:
         self.t0 = t0
         self.tenant: str | None = None
         self.model: str | None = None
-        self.queue_wait = 0.0
+        # Around flow control's wait: a request turned away (429) waited until it was.
+        self.queued_at: float | None = None
+        self.admitted_at: float | None = None
         self.decision: Decision | None = None
         self.engine: str | None = None
         self.attempts = 0
@@ -93,6 +97,13 @@ class Receipt:
         if d is None or self.engine is None:
             return 0
         return d.believed_tokens(d.overlap_of(self.engine))
+
+    def queue_wait_ms(self, now: float) -> float | None:
+        """Time in flow control's queue (None: the request never reached it)."""
+        if self.queued_at is None:
+            return None
+        end = now if self.admitted_at is None else self.admitted_at
+        return _ms(end - self.queued_at)
 
     def path(self, status: int) -> str:
         if not self.attempts:
@@ -116,7 +127,7 @@ class Receipt:
             "engine": self.engine,
             "path": self.path(status),
             "attempts": self.attempts,
-            "queue_wait_ms": round(self.queue_wait * 1000, 3),
+            "queue_wait_ms": self.queue_wait_ms(now),
             "ttft_ms": _ms(self.answered_at - self.t0) if self.answered_at is not None else None,
             "duration_ms": _ms(now - self.t0),
             "prompt_tokens": usage[0] if usage else (d.prompt_tokens if d else None),
