@@ -20,6 +20,7 @@ from tests.support import (
     Proc,
     http_json,
     metric,
+    metrics_text,
     readiness,
     running,
     start_kvrouter,
@@ -159,7 +160,7 @@ def achieved(fleet: Fleet) -> dict[str, float]:
     }
 
 
-def test_achieved_tokens_are_what_the_engines_count_and_the_log_hides_the_prompt(
+def test_achieved_tokens_are_what_the_engines_count_and_no_prompt_is_written(
     fleet: Fleet,
 ) -> None:
     stats0, counted0 = engine_cached(fleet), achieved(fleet)
@@ -174,3 +175,4 @@ def test_achieved_tokens_are_what_the_engines_count_and_the_log_hides_the_prompt
         assert counted[url] - counted0[url] == stats[url] - stats0[url]
     assert sum(stats.values()) > sum(stats0.values())
     assert MARKER not in fleet.router.log()
+    assert MARKER not in metrics_text(fleet.router)
