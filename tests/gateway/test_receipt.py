@@ -72,6 +72,26 @@ async def test_quality_counters_on_a_known_sequence(tmp_path: Path) -> None:
             assert await r.metric("kvrouter_decisions_not_deepest_total", reason=reason) == 0
 
 
+ROUND_ROBIN = "version: 1\nname: rr\nblock_chars: 16\npicker: round-robin\n"
+
+
+async def test_quality_counters_count_why_a_decision_left_the_deepest_holder(
+    tmp_path: Path,
+) -> None:
+    async with rig(tmp_path, policy_text=ROUND_ROBIN) as r:
+        body = chat(PROMPT)
+        for _ in range(2):  # round-robin: the second goes to the other engine
+            assert (await r.post(CHAT, body))[0] == 200
+        assert r.up.sent[0] != r.up.sent[1]
+        name = "kvrouter_decisions_not_deepest_total"
+        assert await r.metric(name, reason="policy") == 1
+        assert await r.metric(name) == 1
+        full = believed(r, body)
+        reached = "kvrouter_prefix_reachable_tokens_total"
+        assert await r.metric(reached, engine=r.up.sent[1]) == full
+        assert await r.metric("kvrouter_prefix_routed_tokens_total", engine=r.up.sent[1]) == 0
+
+
 async def test_quality_counters_count_only_answers_with_usage(tmp_path: Path) -> None:
     async with rig(tmp_path) as r:
         body = chat(PROMPT, stream=True)  # no include_usage: the engine reports none
