@@ -25,8 +25,10 @@ its own), with these fields:
   changed: ``{block, char_offset}``, see router.core.turns).
 
 Never prompt text, API keys or engine credentials: the line is built from the fields above
-only. It is written straight to standard error, not through the logger's handlers: a log
-record costs about 15 microseconds, more than everything else a receipt does.
+only. It is written straight to standard error, not through the logger's handlers (a log
+record costs about 15 microseconds, more than everything else a receipt does), and the lines
+of requests that end in one turn of the event loop go out in one write at the end of that
+turn (a write to a line-buffered file costs about 10 microseconds).
 ``access_log.sample`` writes that share of the lines, and every error (status 400 and above)
 whatever the share. With ``route_headers: true``, ``route_headers`` (an
 ``on_response_prepare`` hook) adds ``x-kvrouter-engine`` and ``x-kvrouter-overlap-tokens`` to
@@ -35,6 +37,7 @@ the answer.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import sys
@@ -163,6 +166,7 @@ class Receipts:
         self.quality = quality
         self.precise = precise  # engines whose KV events the index holds
         self._chance = chance
+        self._lines: list[str] = []  # written at the end of this turn of the event loop
 
     def close(self, r: Receipt, status: int, now: float) -> None:
         """Count ``r``'s request and write its line (if sampled)."""
@@ -179,7 +183,18 @@ class Receipts:
             return
         if status < 400 and (s.sample <= 0 or (s.sample < 1 and self._chance() >= s.sample)):
             return
-        sys.stderr.write(orjson.dumps(r.line(status, now, reason, reach)).decode() + "\n")
+        line = orjson.dumps(r.line(status, now, reason, reach)).decode()
+        if not self._lines:
+            try:
+                asyncio.get_running_loop().call_soon(self._flush)
+            except RuntimeError:  # no loop: nothing to wait for
+                sys.stderr.write(line + "\n")
+                return
+        self._lines.append(line)
+
+    def _flush(self) -> None:
+        lines, self._lines = self._lines, []
+        sys.stderr.write("\n".join(lines) + "\n")
 
 
 def no_receipts() -> Receipts:

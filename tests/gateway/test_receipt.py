@@ -3,6 +3,7 @@ the access-log line's fields (and what it must never carry), sampling, and the r
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Iterator
@@ -11,10 +12,12 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry
 
 from router.gateway.config.access_log import AccessLogSettings
 from router.gateway.config.engines import EngineSources
-from router.gateway.receipt import ACCESS_LOGGER, ENGINE_HEADER, OVERLAP_HEADER
+from router.gateway.quality import RoutingQuality
+from router.gateway.receipt import ACCESS_LOGGER, ENGINE_HEADER, OVERLAP_HEADER, Receipt, Receipts
 from tests.fakes import openai_answer
 from tests.gateway.rig import CHAT, TOKEN, A, B, Rig, chat, rig
 
@@ -217,3 +220,27 @@ async def test_debug_route_says_where_the_prefix_diverges(tmp_path: Path) -> Non
 def test_access_log_settings_are_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         AccessLogSettings().sample = 0.5  # type: ignore[misc]
+
+
+async def test_access_log_lines_of_one_loop_turn_go_out_together(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    receipts = Receipts(AccessLogSettings(), RoutingQuality(CollectorRegistry()))
+    capsys.readouterr()
+    for n in range(3):
+        receipts.close(Receipt(f"turn-{n}", CHAT, 0.0), 400, 0.5)
+    assert capsys.readouterr().err == ""  # still this turn
+    await asyncio.sleep(0)
+    lines = access_lines(capsys.readouterr().err)
+    assert [x["request_id"] for x in lines] == ["turn-0", "turn-1", "turn-2"]
+    assert all(x["duration_ms"] == 500.0 and x["path"] == "rejected" for x in lines)
+
+
+def test_access_log_line_without_a_loop_is_written_at_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    receipts = Receipts(AccessLogSettings(), RoutingQuality(CollectorRegistry()))
+    capsys.readouterr()
+    receipts.close(Receipt("alone", CHAT, 0.0), 500, 0.25)
+    (line,) = access_lines(capsys.readouterr().err)
+    assert line["request_id"] == "alone" and line["status"] == 500
