@@ -118,12 +118,18 @@ class Decision:
             return "flow_control"
         return "load"
 
+    @property
+    def divergence_block(self) -> int | None:
+        """The request's first block nobody holds (None: the whole prompt is held)."""
+        deep = self.deepest
+        return deep if deep < len(self.keys) else None
+
     def divergence(self) -> dict[str, Any] | None:
         """Where the request's prefix leaves the deepest holder's: its first block nobody
         holds, the block's first character in the routing text, and who holds the blocks
         before it (None: the whole prompt is held)."""
-        deep = self.deepest
-        if deep >= len(self.keys):
+        deep = self.divergence_block
+        if deep is None:
             return None
         x = self.inputs
         holders = [e for e, o in zip(x.candidates, x.overlaps, strict=True) if deep and o == deep]

@@ -124,8 +124,6 @@ class Receipt:
         """The access-log record (``not_deepest`` and ``reachable``: the decision's)."""
         d = self.decision
         usage = self.usage
-        broken = d.prefix_broken() if d is not None else None
-        divergence = d.divergence() if d is not None else None
         return {
             "request_id": self.request_id,
             "route": self.route,
@@ -143,13 +141,14 @@ class Receipt:
             "reachable": reachable,
             "cached_tokens": usage[1] if usage else None,
             "not_deepest": not_deepest,
-            "divergence_block": divergence["block"] if divergence else None,
-            "prefix_broken_at": broken,
+            "divergence_block": d.divergence_block if d else None,
+            "prefix_broken_at": d.prefix_broken() if d else None,
         }
 
 
 def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 3)
+    """Milliseconds to the microsecond (``round(x, 3)`` costs several times as much)."""
+    return int(seconds * 1_000_000 + 0.5) / 1000
 
 
 class Receipts:
