@@ -80,8 +80,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument(
         "--access-log",
         action="store_true",
-        help="kvrouter routers (the baseline too) log at INFO, so that each writes its access "
-        "log, a line per request, into its log file (default: at WARNING, without)",
+        help="kvrouter routers but the baseline log at INFO, so that each writes its access "
+        "log, a line per request, into its log file (default: all at WARNING, without)",
     )
     q = p.add_argument_group("quality")
     q.add_argument("--trace", type=Path, default=Path("../shared/data/conversation_trace.jsonl"))
