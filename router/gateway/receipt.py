@@ -8,15 +8,15 @@ error, while the logger ``kvrouter.access`` is enabled for INFO (the process's l
 its own), with these fields:
 
 - ``request_id``, ``route``, ``status`` (what the client saw; 499: it went away), ``tenant``
-  (flow control's: the tenant header, else ``key:`` and a digest of the API key's name, never
-  the key, else ``user:`` and a digest), ``model``;
+  (flow control's: the authenticated API key's name, else the tenant header, else ``key:`` and
+  a digest of the bearer token, never the token, else ``user:`` and a digest), ``model``;
 - ``engine``: the engine of the last attempt (null: none was made); ``attempts``; ``path``:
   ``routed`` (the decision's pick answered), ``retry`` (a fallback answered after attempts
   failed), ``failed`` (the client got a 5xx after attempts), ``rejected`` (never sent: a bad
   request, flow control's 429, no engine);
 - ``queue_wait_ms`` (in flow control's queue, until admitted or turned away; null: the request
-  never reached it), ``ttft_ms`` (from arrival to the engine's first
-  byte of a 200 answer; null: none came), ``duration_ms``;
+  never reached it), ``ttft_ms`` (from arrival to the engine's first byte of a 200 answer;
+  null: none came), ``duration_ms``;
 - ``prompt_tokens`` (the engine's ``usage`` when given, else the router's estimate),
   ``believed`` (tokens the engine that took it was believed to hold), ``reachable`` (the
   deepest eligible holder's), ``cached_tokens`` (the engine's ``usage``; null: not reported),
@@ -28,7 +28,7 @@ Never prompt text, API keys or engine credentials: the line is built from the fi
 only. It is written straight to standard error, not through the logger's handlers (a log
 record costs about 15 microseconds, more than everything else a receipt does), and the lines
 of requests that end in one turn of the event loop go out in one write at the end of that
-turn (a write to a line-buffered file costs about 10 microseconds).
+turn (standard error is line-buffered: every line written alone is a system call).
 ``access_log.sample`` writes that share of the lines, and every error (status 400 and above)
 whatever the share. With ``route_headers: true``, ``route_headers`` (an
 ``on_response_prepare`` hook) adds ``x-kvrouter-engine`` and ``x-kvrouter-overlap-tokens`` to
