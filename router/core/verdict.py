@@ -88,6 +88,8 @@ class Decision:
     @property
     def reachable(self) -> int:
         """Leading blocks the deepest eligible candidate holds (any, when none is eligible)."""
+        if all(self.eligible):
+            return self.deepest
         x = self.inputs
         best = [o for o, ok in zip(x.overlaps, self.eligible, strict=True) if ok]
         return max(best) if best else self.deepest

@@ -124,6 +124,7 @@ class Receipt:
         """The access-log record (``not_deepest`` and ``reachable``: the decision's)."""
         d = self.decision
         usage = self.usage
+        answered = self.answered_at
         return {
             "request_id": self.request_id,
             "route": self.route,
@@ -134,7 +135,7 @@ class Receipt:
             "path": self.path(status),
             "attempts": self.attempts,
             "queue_wait_ms": self.queue_wait_ms(now),
-            "ttft_ms": _ms(self.answered_at - self.t0) if self.answered_at is not None else None,
+            "ttft_ms": None if answered is None else _ms(answered - self.t0),
             "duration_ms": _ms(now - self.t0),
             "prompt_tokens": usage[0] if usage else (d.prompt_tokens if d else None),
             "believed": self.believed() if d else None,
