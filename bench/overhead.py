@@ -29,6 +29,10 @@ the differences measured.
 
 ``--baseline DIR`` adds kvrouter kv-aware run from another source tree (for example an
 unpacked ``git archive`` of an older commit), to compare before and after in the same runs.
+``--access-log`` starts the measured kvrouters at ``--log-level info``, their access log on
+(one JSON line per request into the log file), and the baseline at its usual warning level:
+against a tree from before the access log, the ratio is the cost of the receipts, the
+routing-quality counters and the log together; against this tree itself, of the log alone.
 
 The report opens with the summary over the runs: each router's CPU per request in every run
 and kvrouter's ratio to each peer's in the same run, and the TTFT each router adds at
@@ -129,7 +133,8 @@ def run_overhead(args: argparse.Namespace, tmp: Path) -> str:
             engines = start_engines(args.engines, overhead_engine_flags(args), tmp, procs)
             routers: dict[str, Proc] = {}
             for name in order:
-                routers[name] = start_router(name, engines, tmp, None, args.baseline)
+                extra = ["--log-level", "info"] if args.access_log and name != BASELINE else []
+                routers[name] = start_router(name, engines, tmp, None, args.baseline, extra=extra)
                 procs.append(routers[name])
             runs.append(asyncio.run(_overhead(args, engines, routers)))
     return overhead_report(args, runs)
@@ -231,7 +236,8 @@ def overhead_summary(args: argparse.Namespace, runs: Sequence[OverheadResult]) -
 def overhead_report(args: argparse.Namespace, runs: Sequence[OverheadResult]) -> str:
     parts = [
         f"### Overhead: {args.engines} x {engine_label(args)}, streamed chat, "
-        f"{args.prompt_chars}-char prompt, {args.max_tokens} tokens, {len(runs)} runs\n\n"
+        f"{args.prompt_chars}-char prompt, {args.max_tokens} tokens, {len(runs)} runs"
+        f"{', kvrouter (not the baseline) at --log-level info' if args.access_log else ''}\n\n"
         f"{overhead_summary(args, runs)}"
     ]
     for n, r in enumerate(runs, 1):

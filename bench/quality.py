@@ -12,8 +12,12 @@ are cut to ``--max-output-tokens`` (0: the trace's own) to keep the client's and
 per-token work small on a small machine; prefill, which the cache saves, is unchanged.
 Reports the engines' prefix-cache hit ratio (GET /stats), TTFT at the client, throughput,
 each engine's share of requests and of busy time (max / mean), the router's CPU per request
-and failures. Busy time is the simulator's imbalance measure, from the engines' counters:
-uncached prompt tokens / prefill rate + output tokens / decode rate.
+and failures. For kvrouter, a second table sets its routing-quality counters (read from its
+/metrics at the end of the run, summed over replicas) beside the engines' /stats: achieved
+(the cached tokens the engines' ``usage`` reported to the router) against the engines' own
+``cached_tokens``, which should agree, and reachable, routed and the belief error, as
+shares of the engines' prompt tokens. Busy time is the simulator's imbalance measure, from
+the engines' counters: uncached prompt tokens / prefill rate + output tokens / decode rate.
 
 ``--replicas N`` runs each kvrouter (the baseline too) as N replicas gossiping on loopback
 (``--gossip-preset local``), the client sending request i to replica i mod N, as a Service
@@ -52,8 +56,8 @@ import aiohttp
 import orjson
 
 from bench.common import markdown_table, read_stream, tree_cpu_seconds
-from bench.peers import BASELINE, MODEL, start_engines, start_routers
-from router.commands.fleet import Proc, http_json, running
+from bench.peers import BASELINE, KVROUTER_POLICIES, MODEL, start_engines, start_routers
+from router.commands.fleet import Proc, http_json, metric_in, metrics_text, running
 from router.core.engine_model import EngineSpec
 from router.core.stats import percentile
 from router.core.workload import HotspotSpec, SyntheticSpec, TraceRequest, from_mooncake, hotspot
@@ -250,12 +254,35 @@ def reset_engines(engines: Sequence[Proc]) -> None:
             raise RuntimeError(f"an engine is not idle and empty after /reset: {s}")
 
 
+# kvrouter's routing-quality counters (router.gateway.quality), summed over engines.
+COUNTERS = {
+    "reachable": "kvrouter_prefix_reachable_tokens_total",
+    "routed": "kvrouter_prefix_routed_tokens_total",
+    "achieved": "kvrouter_prefix_achieved_tokens_total",
+    "over": "kvrouter_prefix_belief_error_tokens_total",
+    "under": "kvrouter_prefix_belief_error_tokens_total",
+}
+
+
+def router_counters(routers: Sequence[Proc]) -> dict[str, float] | None:
+    """The routing-quality counters of ``routers`` summed (None: they export none)."""
+    texts = [metrics_text(r) for r in routers]
+    if not all(COUNTERS["achieved"] in t for t in texts):
+        return None
+    out: dict[str, float] = {}
+    for key, name in COUNTERS.items():
+        labels = {"direction": key} if key in ("over", "under") else {}
+        out[key] = sum(metric_in(t, name, **labels) for t in texts)
+    return out
+
+
 @dataclass
 class QualityRow:
     router: str
     replay: Replay
     stats: list[Any]
     cpu_seconds: float
+    counters: dict[str, float] | None = None
 
     @property
     def requests(self) -> int:
@@ -326,11 +353,13 @@ def run_quality(args: argparse.Namespace, tmp: Path) -> str:
             rep = asyncio.run(replay(urls, trace, args.speedup, args.max_output_tokens))
             cpu = sum(tree_cpu_seconds(r.popen.pid) for r in routers) - cpu0
             stats = engine_stats(engines)
+            ours = name in KVROUTER_POLICIES or name == BASELINE
+            counters = router_counters(routers) if ours else None
             for r in routers:
                 r.stop()
                 procs.remove(r)
             label = f"{name} x{len(routers)}" if len(routers) > 1 else name
-            rows.append(QualityRow(label, rep, stats, cpu))
+            rows.append(QualityRow(label, rep, stats, cpu, counters))
     return quality_report(args, trace, policy_capacity, rows)
 
 
@@ -384,6 +413,64 @@ def quality_report(
     else:
         workload = f"{args.trace.name}, first {len(trace)} requests"
     return (
+        f"{_header(args, trace, policy_capacity, workload, outputs, offered)}"
+        f"{markdown_table(head, body)}\n{counters_table(rows)}"
+    )
+
+
+def counters_table(rows: Sequence[QualityRow]) -> str:
+    """kvrouter's routing-quality counters beside the engines' /stats ('' when none)."""
+    body = []
+    for r in rows:
+        c = r.counters
+        if c is None:
+            continue
+        prompt = sum(s["prompt_tokens"] for s in r.stats)
+        cached = sum(s["cached_tokens"] for s in r.stats)
+        shares = [
+            f"{c[k] / prompt:.4f}" if prompt else "-"
+            for k in ("reachable", "routed", "achieved", "over", "under")
+        ]
+        body.append(
+            [
+                r.router,
+                f"{prompt:,}",
+                f"{cached:,}",
+                f"{c['achieved']:,.0f}",
+                f"{c['achieved'] / cached:.4f}" if cached else "-",
+                *shares,
+            ]
+        )
+    if not body:
+        return ""
+    head = [
+        "router",
+        "/stats prompt tokens",
+        "/stats cached",
+        "achieved (router)",
+        "achieved / cached",
+        "reachable",
+        "routed",
+        "achieved",
+        "belief over",
+        "belief under",
+    ]
+    return (
+        "\nkvrouter's routing-quality counters against the engines' /stats (the last five "
+        "columns: shares of the engines' prompt tokens):\n\n"
+        f"{markdown_table(head, body)}\n"
+    )
+
+
+def _header(
+    args: argparse.Namespace,
+    trace: Sequence[TraceRequest],
+    policy_capacity: int,
+    workload: str,
+    outputs: str,
+    offered: float,
+) -> str:
+    return (
         f"### Live routing quality: {workload}, "
         f"speedup {args.speedup:g} ({offered:.1f} req/s offered)\n\n"
         f"{args.engines_quality} engine-sims: KV cache {args.kv_capacity_tokens:,} tokens, "
@@ -391,5 +478,4 @@ def quality_report(
         f"{args.decode_tokens_per_s:,.0f} tokens/s per sequence, max batch {args.max_batch}; "
         f"{outputs} output tokens; kv-aware engine_capacity_tokens {policy_capacity:,}. "
         f"Trace reuse with an infinite cache: {trace_reuse(trace):.3f}.\n\n"
-        f"{markdown_table(head, body)}\n"
     )

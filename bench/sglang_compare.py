@@ -15,7 +15,7 @@ bench.peers starts the routers and engines. This module is the command line.
     python -m bench.sglang_compare [--overhead] [--quality]
         [--engines 1] [--requests 300] [--load-requests 2000] [--concurrency 32 256]
         [--max-tokens 32] [--pace 0] [--repeat 3] [--overhead-routers ROUTER ...]
-        [--baseline DIR]
+        [--baseline DIR] [--access-log]
         [--trace ../shared/data/conversation_trace.jsonl] [--limit 2000] [--speedup 6]
         [--engines-quality 4] [--kv-capacity-tokens 1000000] [--prefill-tokens-per-s 80000]
         [--decode-tokens-per-s 100] [--max-batch 16] [--max-output-tokens 64]
@@ -76,6 +76,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="DIR",
         help=f"also measure kvrouter kv-aware from this source tree (e.g. an unpacked git "
         f"archive of an older commit), as {BASELINE!r}",
+    )
+    g.add_argument(
+        "--access-log",
+        action="store_true",
+        help="kvrouter routers but the baseline log at INFO, so that each writes its access "
+        "log, a line per request, into its log file (default: all at WARNING, without)",
     )
     q = p.add_argument_group("quality")
     q.add_argument("--trace", type=Path, default=Path("../shared/data/conversation_trace.jsonl"))

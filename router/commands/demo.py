@@ -31,6 +31,7 @@ from router.commands.demo_workload import (
     PhaseResult,
     Progress,
     client,
+    counting_quality,
     grid,
     in_workdir,
     install_policy,
@@ -96,13 +97,16 @@ def _reloaded(gateway: Proc, count: int) -> bool:
 
 
 def _table(rows: list[PhaseResult]) -> str:
-    head = ["policy", "requests", "failed", "hit ratio", "TTFT p50", "TTFT p99", "req/s"]
+    head = ["policy", "requests", "failed", "hit ratio", "reachable", "achieved"]
+    head += ["TTFT p50", "TTFT p99", "req/s"]
     body = [
         [
             r.policy,
             str(r.requests),
             str(r.failed),
             f"{r.hit_ratio:.3f}",
+            r.share("reachable"),
+            r.share("achieved"),
             ms(r.ttfts, 50),
             ms(r.ttfts, 99),
             f"{r.requests / r.seconds:.1f}" if r.seconds else "-",
@@ -132,7 +136,8 @@ async def _main(args: argparse.Namespace, workdir: Path) -> list[PhaseResult]:
         async with client(args.concurrency) as session:
             await wait_fleet(engines, gateway)
             print(f"gateway {gateway.url} in front of {', '.join(e.url for e in engines)}")
-            results = [await _drive(session, gateway.url, trace, "round-robin", args.concurrency)]
+            rr = _drive(session, gateway.url, trace, "round-robin", args.concurrency)
+            results = [await counting_quality(gateway, rr)]
             print("hot-reloading the policy file to kv-aware and clearing the engines' caches")
             for e in engines:
                 async with session.post(f"{e.url}/reset") as r:
@@ -140,7 +145,8 @@ async def _main(args: argparse.Namespace, workdir: Path) -> list[PhaseResult]:
             install_policy("kv-aware", policy_file)
             what = "the gateway to pick up the new policy"
             await asyncio.to_thread(wait_until, partial(_reloaded, gateway, 1), what, 20)
-            results.append(await _drive(session, gateway.url, trace, "kv-aware", args.concurrency))
+            kv = _drive(session, gateway.url, trace, "kv-aware", args.concurrency)
+            results.append(await counting_quality(gateway, kv))
     return results
 
 
@@ -152,6 +158,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print()
     print(_table(results))
+    print(
+        "\nreachable: the share of prompt tokens the deepest eligible engine held, as the "
+        "router believed;\nachieved: the share the engines reported cached, as the router "
+        "counted (kvrouter_prefix_*_tokens_total)"
+    )
     rr, kv = results
     if rr.hit_ratio > 0:
         print(

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import aiohttp
 import orjson
 
-from router.commands.fleet import Proc, wait_ready
+from router.commands.fleet import Proc, metric, wait_ready
 from router.core.stats import percentile
 from router.core.workload import SyntheticSpec, TraceRequest
 from router.gateway.openai.sse import Decoder
@@ -80,10 +80,37 @@ class PhaseResult:
     cached_tokens: int = 0
     seconds: float = 0.0
     ttfts: list[float] = field(default_factory=list)
+    # The router's own routing-quality counters over the phase (``router_quality``).
+    quality: dict[str, float] = field(default_factory=dict)
 
     @property
     def hit_ratio(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def share(self, counter: str) -> str:
+        """``counter``'s tokens over the phase's prompt tokens (``-``: not counted)."""
+        tokens = self.quality.get(counter)
+        if tokens is None or not self.prompt_tokens:
+            return "-"
+        return f"{tokens / self.prompt_tokens:.3f}"
+
+
+QUALITY = ("reachable", "routed", "achieved")
+
+
+def router_quality(gateway: Proc) -> dict[str, float]:
+    """The router's prefix tokens so far, all engines summed: reachable, routed, achieved
+    (``kvrouter_prefix_*_tokens_total``)."""
+    return {q: metric(gateway, f"kvrouter_prefix_{q}_tokens_total") for q in QUALITY}
+
+
+async def counting_quality(gateway: Proc, phase: Coroutine[Any, Any, PhaseResult]) -> PhaseResult:
+    """Run ``phase``, and give its result the router's routing-quality counts over it."""
+    before = await asyncio.to_thread(router_quality, gateway)
+    out = await phase
+    after = await asyncio.to_thread(router_quality, gateway)
+    out.quality = {q: after[q] - before[q] for q in QUALITY}
+    return out
 
 
 async def send(

@@ -23,8 +23,9 @@ Modules, from the request inwards:
   kebab-case name; ``pickers``: the pickers, registered the same way.
 - ``decision``: ``RoutingCore``, the one decision the gateway and the simulator both call
   (``decide``, a query) and the named state changes around it (``acquire``, ``record``,
-  ``release``, ``forget``); ``verdict``: the ``Decision`` it returns; ``shortlist``: which
-  candidates a large fleet's decision scores.
+  ``release``, ``forget``); ``verdict``: the ``Decision`` it returns, with what it says of
+  routing quality; ``shortlist``: which candidates a large fleet's decision scores;
+  ``turns``: conversations' previous turns, to say where a follow-up's prefix broke.
 - ``admission``: the order of the gateway's bounded wait queue, by priority and fair between
   tenants; ``retry_budget``: retries in flight as a bounded share of requests in flight.
 - ``engine_model``: an engine's prefix cache and timing, for the simulator and engine-sim.

@@ -22,6 +22,12 @@ The gateway and the simulator both drive a request through ``RoutingCore`` in th
 
 ``forget(engine)`` drops everything believed of an engine (it restarted, or was replaced).
 
+A request's session key (``session_of``) is the policy's session-affinity scorer's, or, in a
+policy without one, that scorer's default (the ``x-session-id`` header, else the body's
+``user``): ``record``
+remembers each session's answered turn (``core.turns``), so that ``decide`` can say where a
+follow-up turn's prefix broke from the previous one (``Decision.broken_at``).
+
 Precise engines (``set_precise``: their KV cache events are complete) are asked in their own
 key space when the request's token ids are known (``decide(..., tokenized=...)``, see
 ``core.precise``). Which scorers and which picker run is the policy's (``core.scorers``,
@@ -47,13 +53,18 @@ from router.core.predictions import Predictions
 from router.core.ring import BoundedLoadRing, under_cap
 from router.core.scorers.base import Inputs, Memory
 from router.core.scorers.registry import SCORERS
+from router.core.scorers.session_affinity import Params as SessionParams
+from router.core.scorers.session_affinity import session_of
 from router.core.shortlist import narrow, shortlist
+from router.core.turns import Turns
 from router.core.verdict import Decision
 
 # Above this many candidates only a shortlist is scored (``core.shortlist``). Measured
 # (bench/RESULTS.md): an 8K-token decision at 256 engines costs about a third of scoring
 # every engine.
 SHORTLIST_ABOVE = 12
+# How a request names its session when the policy's scorers do not say.
+_DEFAULT_SESSION = SessionParams()
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +119,7 @@ class RoutingCore:
         self._lease_ids = itertools.count(1)
         # Engines whose events are complete -> their block size in tokens.
         self.precise: dict[str, int] = {}
+        self.turns = Turns()
 
     @staticmethod
     def _limits(policy: Policy) -> IndexLimits:
@@ -192,7 +204,10 @@ class RoutingCore:
     # -- the query ---------------------------------------------------------------------------
 
     def session_of(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
-        """The key the policy remembers this request's session by (None: it names none)."""
+        """The key the policy remembers this request's session by; with no scorer that
+        remembers, the default one (None: it names none)."""
+        if not self._memories:
+            return session_of(_DEFAULT_SESSION, headers, body)
         for memory in self._memories.values():
             key = memory.key_of(headers, body)
             if key is not None:
@@ -338,6 +353,8 @@ class RoutingCore:
             session=session,
             sources=tuple(src.get(e) or ("approximate" if o else "none") for e, o in pairs),
             prefix=prefix,
+            block_chars=p.block_chars,
+            broken_at=self.turns.broken_at(session, keys, deep),
         )
 
     def _copy_affordable(
@@ -400,6 +417,7 @@ class RoutingCore:
         if lease.session is not None:
             for memory in self._memories.values():
                 memory.remember(lease.session, lease.engine)
+            self.turns.remember(lease.session, lease.keys)
         if not lease.keys:
             return None
         self.predictions.confirm(lease.engine, lease.keys)

@@ -22,6 +22,7 @@ from router.core.ring import BoundedLoadRing
 from router.core.scorers.base import Inputs
 
 ROUND_ROBIN = "round-robin"
+RING = "ring"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,7 @@ def ring(c: Choice) -> Pick:
     """The request's consistent-hash home among the eligible candidates."""
     if not c.inputs.candidates:
         return None, "no-candidates"
-    return _home(c, "ring")
+    return _home(c, RING)
 
 
 PICKERS: Mapping[str, PickerType] = {

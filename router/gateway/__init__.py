@@ -8,7 +8,10 @@ One request, one ``exchange``; every sub-package serves it, and each opens with 
   upstream, metrics, admission, precise mode, replica), and the ``Services`` every exchange uses.
 - ``app``: the aiohttp application over a ``Gateway``: the generation, read-only and admin
   routes, and the background loops it owns (each started and stopped by a cleanup context).
-- ``metrics``: the Prometheus registry the app owns (output; ``fleet.scrape`` is input).
+- ``metrics``: the Prometheus registry the app owns (output; ``fleet.scrape`` is input);
+  ``quality``: its routing-quality counters (reached, routed, achieved, why not the deepest).
+- ``receipt``: a request's receipt, filled along the exchange and closed once: counted in
+  ``quality`` and written as the access log's JSON line; the opt-in route headers.
 - ``tracing``: OpenTelemetry spans of each request (off by default), and the W3C trace context
   each attempt sends its engine.
 - ``openai/``: the protocol, no I/O: the request body parsed once, the error tree and its one

@@ -28,6 +28,7 @@ from router.gateway.inbound.connections import no_banner, request_middleware
 from router.gateway.inbound.request_id import id_header
 from router.gateway.openai.errors import NotFound, Unauthorized, error_middleware
 from router.gateway.openai.request import PROMPT_FIELD
+from router.gateway.receipt import route_headers
 from router.gateway.wiring import Gateway
 
 log = logging.getLogger(__name__)
@@ -232,6 +233,8 @@ def build_app(gw: Gateway) -> web.Application:
     app.on_response_prepare.append(no_banner)
     app.on_response_prepare.append(id_header)
     app.on_response_prepare.append(_closing)
+    if gw.config.route_headers:
+        app.on_response_prepare.append(route_headers)
     app[GATEWAY] = gw
     if gw.replica is not None:
         # First in, last out: peers keep hearing this replica's load while it drains.

@@ -56,6 +56,7 @@ from router.gateway.openai.errors import (
     stream_error,
 )
 from router.gateway.openai.request import Inbound
+from router.gateway.receipt import RECEIPT, Receipt
 from router.gateway.upstream import relay
 from router.gateway.upstream.client import UpstreamRequest, UpstreamResponse
 from router.gateway.upstream.deadline import Deadline
@@ -105,6 +106,8 @@ class Exchange:
         self.id = request_id(request.headers.get("X-Request-Id", ""))
         request[REQUEST_ID] = self.id
         self.trace = s.tracing.request(request.headers, route, self.id)
+        # What happened to it, for the access log and the routing-quality metrics.
+        self.receipt = request[RECEIPT] = Receipt(self.id, route, self.t0)
 
     async def run(self) -> web.StreamResponse:
         """Serve the request; every failure becomes an OpenAI-shaped error response."""
@@ -131,6 +134,7 @@ class Exchange:
             m.requests.labels(self.route, str(self.status or 500)).inc()
             m.duration.observe(self.s.clock() - self.t0)
             self.trace.end(self.status or 500)
+            self.s.receipts.close(self.receipt, self.status or 500, self.s.clock())
 
     async def _serve(self) -> web.StreamResponse:
         s = self.s
@@ -139,17 +143,19 @@ class Exchange:
         # Flow control: wait here (bounded) while every engine that could serve it is full.
         rules = s.admission.rules
         self.trace.admission()
+        r = self.receipt
+        r.model = inbound.model
+        r.tenant = tenant_of(
+            inbound.body, self.request.headers, rules.tenant_header, self.request.get(KEY_NAME)
+        )
+        r.queued_at = s.clock()
         await s.admission.enter(
             s.pool.candidates(inbound.model),
             priority_of(inbound.body, self.request.headers, rules.priority_header),
-            tenant_of(
-                inbound.body,
-                self.request.headers,
-                rules.tenant_header,
-                self.request.get(KEY_NAME),
-            ),
+            r.tenant,
         )
         self.trace.admitted()
+        r.admitted_at = s.clock()
         try:
             return await self._route(inbound, raw)
         finally:
@@ -162,6 +168,7 @@ class Exchange:
         d = decide(s, inbound, self.request.headers, tokenized)
         s.metrics.decision.observe(time.perf_counter() - t)
         self.trace.decision(d, time.perf_counter() - t)
+        self.receipt.decision = d
         if d.engine is None:
             raise NoEngine("no engine can take the request right now")
         s.metrics.overlap.observe(d.overlap_ratio)
@@ -195,6 +202,7 @@ class Exchange:
         for attempt, engine in enumerate(plan, 1):
             if attempt > 1:
                 await self._before_retry(attempt, engine)
+            self.receipt.attempt(engine, attempt)
             lease = s.core.acquire(d, engine, s.clock())
             try:
                 resp = await self._attempt(
@@ -264,6 +272,7 @@ class Exchange:
     def _first_byte(self, lease: Lease) -> None:
         """The engine took the prompt: record its blocks there and tell the peers."""
         self.s.retry_budget.answered(lease.engine)
+        self.receipt.answered_at = self.s.clock()
         delta = self.s.core.record(lease, self.s.clock())
         if delta is not None:
             self.s.publish(delta)
@@ -370,6 +379,7 @@ class Exchange:
     def _count_usage(self, counts: tuple[int, int] | None) -> None:
         if counts is not None:
             self.s.metrics.usage(*counts)
+            self.receipt.usage = counts
 
     def _first_sent(self) -> None:
         """The client has the stream's first bytes: its time to first token."""

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from router.core.load import EngineReport, Load
+from router.gateway.quality import RoutingQuality
 
 if TYPE_CHECKING:
     from router.gossip import Sample
@@ -306,6 +307,7 @@ class Metrics:
             self.engine_aborts.labels(result)
         r.register(_FleetCollector(view))
         self._codes: dict[str, set[str]] = {}
+        self.quality = RoutingQuality(r)  # the kvrouter_prefix_* and not-deepest counters
 
     def engine_request(self, engine: str, code: str) -> None:
         self._codes.setdefault(engine, set()).add(code)
@@ -317,6 +319,7 @@ class Metrics:
         for backend in [b for b in self._codes if b not in keep]:
             for code in self._codes.pop(backend):
                 self.engine_requests.remove(backend, code)
+        self.quality.forget_engines(keep)
 
     def usage(self, prompt: int, cached: int) -> None:
         self.prompt_tokens.inc(prompt)

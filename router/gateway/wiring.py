@@ -46,6 +46,7 @@ from router.gateway.openai.request import BodyParser, Inbound
 from router.gateway.precise.engines import PreciseEngines
 from router.gateway.precise.kv_events import EventMetrics, Subscriber
 from router.gateway.precise.tokenize import Tokenizer
+from router.gateway.receipt import Receipts, no_receipts
 from router.gateway.replicas.delegate import run_origin
 from router.gateway.runtime.drain import Drain
 from router.gateway.tracing import Tracing
@@ -96,6 +97,8 @@ class Services:
     aliases: Callable[[], ModelAliases] = ModelAliases
     # Spans of each request, and the trace context engines get (router.gateway.tracing).
     tracing: Tracing = field(default_factory=lambda: Tracing(None))
+    # Where each request's receipt ends: routing-quality counters, the access log.
+    receipts: Receipts = field(default_factory=no_receipts)
 
 
 class Gateway:
@@ -255,6 +258,7 @@ class Gateway:
             aborts=self.aborts,
             aliases=lambda: self.models,
             tracing=self.tracing,
+            receipts=Receipts(config.access_log, self.metrics.quality, self.core.precise),
         )
 
     def _healthy(self) -> Mapping[str, bool]:

@@ -99,6 +99,12 @@ ROUTER_METRICS: Mapping[str, str] = {
     "kvrouter_gossip_load_origins": "gauge",
     "kvrouter_gossip_incarnation": "gauge",
     "kvrouter_gossip_convergence_lag_seconds": "gauge",
+    # Routing quality (router.gateway.quality).
+    "kvrouter_prefix_reachable_tokens_total": "counter",
+    "kvrouter_prefix_routed_tokens_total": "counter",
+    "kvrouter_prefix_achieved_tokens_total": "counter",
+    "kvrouter_prefix_belief_error_tokens_total": "counter",
+    "kvrouter_decisions_not_deepest_total": "counter",
 }
 
 # HTTP paths `kvrouter serve` answers besides /v1/*.
@@ -131,6 +137,8 @@ ROUTER_CONFIG_KEYS = frozenset(
         "drain",
         "models",
         "tracing",
+        "access_log",
+        "route_headers",
     }
 )
 # The presets the chart ships: the router's own (tests check that the files are the same bytes).

@@ -7,8 +7,9 @@ import subprocess
 
 import pytest
 
+from router.commands.demo import _table
 from router.commands.demo_kv_events import bypass_plan
-from router.commands.demo_workload import ENGINES
+from router.commands.demo_workload import ENGINES, PhaseResult
 from tests.support import CHECKOUT_KVROUTER, ROOT
 
 # Small enough to finish quickly on two cores, large enough that every engine and both kinds
@@ -28,6 +29,17 @@ def test_bypass_plan_seeded_share_dealt_round_robin(share: float, expected: floa
     assert abs(len(targets) / len(plan) - expected) < 0.03
     assert targets == [i % ENGINES for i in range(len(targets))]
     assert plan == bypass_plan(2000, share, seed=1)
+
+
+def test_demo_table_prints_reachable_and_achieved_over_prompt_tokens() -> None:
+    counted = PhaseResult("kv-aware", requests=4, prompt_tokens=1000, cached_tokens=500)
+    counted.quality = {"reachable": 800.0, "routed": 700.0, "achieved": 500.0}
+    uncounted = PhaseResult("round-robin", requests=4, prompt_tokens=1000)
+    out = _table([counted, uncounted])
+    head = out.splitlines()[0].split()
+    assert head[3:7] == ["hit", "ratio", "reachable", "achieved"]
+    assert _row(out, "kv-aware")[3:6] == ["0.500", "0.800", "0.500"]
+    assert _row(out, "round-robin")[4:6] == ["-", "-"]
 
 
 def _row(out: str, routing: str) -> list[str]:

@@ -89,6 +89,10 @@ camelCase; the file's keys are the router's snake_case names.
     "protocol" $r.tracing.protocol
     "sample_ratio" ($r.tracing.sampleRatio | float64)
     "service_name" $r.tracing.serviceName)
+  "access_log" (dict
+    "enabled" $r.accessLog.enabled
+    "sample" ($r.accessLog.sample | float64))
+  "route_headers" $r.routeHeaders
   "admin_token_env" "KVROUTER_ADMIN_TOKEN"
   "gossip" (dict
     "enabled" .Values.gossip.enabled

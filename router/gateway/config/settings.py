@@ -57,12 +57,14 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
               service_name: kvrouter}    # OTEL_* variables win (router.gateway.config.tracing)
     epp: {port: 0, proxy: true}   # the endpoint picker's gRPC port (0: off); proxy: false
                                   # leaves the HTTP port with health, metrics and admin only
+    access_log: {enabled: true, sample: 1.0}       # errors are written whatever the sample
+    route_headers: false      # x-kvrouter-engine, x-kvrouter-overlap-tokens on every answer
 
 This module defines ``listen``, ``policy_reload`` and ``health``, and composes every section into
 ``Config``. The others live in this package's ``serving`` (how a request is served: ``timeouts``,
 ``limits``, ``auth``, ``forwarding``, ``drain``, ``flow_control``), ``engines`` (``engines``,
-``engine_metrics``), ``gossip``, ``tracing``, ``epp`` and ``models`` (model aliases, the one
-section applied again when the file changes: router.gateway.config.reload).
+``engine_metrics``), ``gossip``, ``tracing``, ``epp``, ``access_log`` and ``models`` (model
+aliases, the one section applied again when the file changes: router.gateway.config.reload).
 
 Every section and field is optional. There are no engines by default, and an empty
 ``engines.dns.name`` means no DNS discovery. Gossip listens on ``listen.host`` at
@@ -83,6 +85,7 @@ from typing import Any
 
 from router import presets
 from router.core.fields import ConfigError, ConfigFields, parse_yaml, show
+from router.gateway.config.access_log import AccessLogSettings, access_log
 from router.gateway.config.engines import (
     EngineMetricsSettings,
     EngineSources,
@@ -169,6 +172,9 @@ class Config:
     source: str = field(default="", compare=False)
     tracing: TracingSettings = field(default_factory=TracingSettings)
     epp: EppSettings = field(default_factory=EppSettings)
+    access_log: AccessLogSettings = field(default_factory=AccessLogSettings)
+    # Answers name the engine and its believed overlap: off, as engine addresses are internal.
+    route_headers: bool = False
 
 
 def _listen(f: ConfigFields | None) -> Listen:
@@ -247,6 +253,8 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
         models=models(f.sub("models")),
         tracing=tracing(f.sub("tracing")),
         epp=epp(f.sub("epp")),
+        access_log=access_log(f.sub("access_log")),
+        route_headers=f.flag("route_headers", d.route_headers),
     )
     f.done()
     return cfg

@@ -76,9 +76,13 @@ def test_policy_header_read_in_lower_case() -> None:
     assert r.session_of({"x-conversation": "c1"}, body()) == session_key("c1")
 
 
-def test_core_without_session_affinity_names_no_session() -> None:
+def test_core_without_session_affinity_names_the_default_session_and_recalls_none() -> None:
     r = RoutingCore(load_policy_text("name: t\nscorers: [{type: load, weight: 1}]\n", "t"))
-    assert r.session_of({HEADER: "s1"}, body("alice")) is None
+    r.set_engines(dict.fromkeys(ENGINES, 1))
+    session = r.session_of({HEADER: "s1"}, body("alice"))
+    assert session == session_key("s1")
+    r.record(r.acquire(r.decide(body(), ENGINES, 0.0, session), "b", 0.0), 0.0)
+    assert r.decide(body(), ENGINES, 0.0, session).inputs.session_engine is None
 
 
 def test_core_reload_keeps_sessions_and_takes_the_new_bound() -> None:
