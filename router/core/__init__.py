@@ -3,7 +3,8 @@
 Modules, from the request inwards:
 
 - ``blocks``: an OpenAI request body -> canonical routing text -> chained block keys; the
-  token-exact keys of token ids, at an engine's block size.
+  token-exact keys of token ids, at an engine's block size. ``chat_form``: Responses and
+  Messages bodies in the chat-completions form that ``blocks`` reads.
 - ``lru``: a recency-ordered key set with bounded size; the eviction model shared by the
   router's index and the simulated engines' prefix caches.
 - ``index``: which engine holds which block keys, expressed as mergeable deltas; ``seq``: the
@@ -25,6 +26,7 @@ Modules, from the request inwards:
   (``decide``, a query) and the named state changes around it (``acquire``, ``record``,
   ``release``, ``forget``); ``verdict``: the ``Decision`` it returns; ``shortlist``: which
   candidates a large fleet's decision scores.
+- ``response_homes``: which engine stored which response, for stateful Responses requests.
 - ``admission``: the order of the gateway's bounded wait queue, by priority and fair between
   tenants; ``retry_budget``: retries in flight as a bounded share of requests in flight.
 - ``engine_model``: an engine's prefix cache and timing, for the simulator and engine-sim.
