@@ -16,6 +16,8 @@ Modules, from the request inwards:
   the pending fault.
 - ``responses``: generation streams and bodies, embeddings and the model list, as vLLM shapes
   them.
+- ``api_replies``: the Responses and Messages answers, in those APIs' shapes and events;
+  ``stored``: the responses stored for ``previous_response_id``.
 - ``metrics``: vLLM's metric names for ``/metrics``.
 - ``kv_publisher``: the prefix cache's stores and evictions published as vLLM's KV cache
   events, with replay.

@@ -1,6 +1,8 @@
 """engine-sim's HTTP surface: the aiohttp app, its routes, and the pace of its answers.
 
-Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models,
+Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses (OpenAI's
+Responses API, ``previous_response_id`` included: ``router.enginesim.stored``), /v1/messages
+and /v1/messages/count_tokens (Anthropic's Messages API); GET /v1/models,
 /health, /metrics (vLLM's names, ``router.enginesim.metrics``), /stats (JSON counters);
 POST /reset (empty the cache, the clock and the counters); POST /fault (below); POST /tokenize
 (vLLM's shape: ``{"model", "prompt"}`` or ``{"model", "messages", ...}`` answers
@@ -56,6 +58,7 @@ from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from router import hostport
+from router.enginesim.api_replies import reply_for
 from router.enginesim.engine import Engine, SimSettings, Ticket
 from router.enginesim.kv_publisher import CacheEvents, Publisher
 from router.enginesim.metrics import registry_for
@@ -67,12 +70,14 @@ from router.enginesim.requests import (
     parse_generation,
 )
 from router.enginesim.responses import Reply, embeddings_body, models_body
-from router.enginesim.tokens import prompt_text, token_ids
+from router.enginesim.stored import ResponseStore
+from router.enginesim.tokens import prompt_text, prompt_tokens, token_ids
 from router.gateway.openai import sse
 from router.gateway.openai.errors import (
     BadRequest,
     GatewayError,
     NotFound,
+    api_of,
     error_middleware,
     stream_error,
     vllm_dialect,
@@ -93,6 +98,7 @@ ENGINE = web.AppKey("engine", Engine)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 EVENTS = web.AppKey("events", CacheEvents)
 PUBLISHER = web.AppKey("publisher", Publisher)
+STORE = web.AppKey("store", ResponseStore)
 # What /tokenize reports as the context length (engine-sim has no limit of its own).
 MAX_MODEL_LEN = 131_072
 
@@ -173,7 +179,7 @@ async def _stream(
         log.exception("stream failed on %s", request.path)
         # Headers are gone already: end the stream the way OpenAI servers report errors in it.
         with contextlib.suppress(ConnectionError):
-            await resp.write(stream_error(exc, vllm_dialect))
+            await resp.write(stream_error(exc, vllm_dialect, api=api_of(request.path)))
     return resp
 
 
@@ -201,7 +207,8 @@ async def _answer(
 async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     engine = request.app[ENGINE]
     drop = await _take_fault(request)
-    gen = parse_generation(await request.read(), endpoint, engine.settings)
+    store = request.app[STORE]
+    gen = parse_generation(await request.read(), endpoint, engine.settings, store.continued)
     ticket = engine.admit(gen.keys, gen.prompt_tokens, gen.max_tokens)
     events = request.app.get(EVENTS)
     if events is not None and gen.text is not None:
@@ -209,7 +216,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         ids = functools.partial(token_ids, gen.text)
         request.app[PUBLISHER].publish(events.admitted(gen.keys, ids, engine.now()))
     try:
-        reply = Reply(gen, engine.settings.model, ticket.cached)
+        reply = reply_for(gen, engine.settings.model, ticket.cached, store)
         if gen.stream:
             return await _stream(request, engine, reply, ticket, drop)
         return await _answer(request, engine, reply, ticket, drop)
@@ -225,6 +232,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/completions."""
     return await _generate(request, Endpoint.COMPLETIONS)
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """POST /v1/responses."""
+    return await _generate(request, Endpoint.RESPONSES)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """POST /v1/messages."""
+    return await _generate(request, Endpoint.MESSAGES)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """POST /v1/messages/count_tokens: the prompt's tokens, as Anthropic's ``input_tokens``."""
+    engine = request.app[ENGINE]
+    inbound = parse(await request.read(), Endpoint.MESSAGES.value)
+    if inbound.model != engine.settings.model:
+        raise NotFound(f"The model `{inbound.model}` does not exist.", "model")
+    return _json({"input_tokens": prompt_tokens(prompt_text(inbound, engine.settings.tokenizer))})
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
@@ -271,6 +297,7 @@ async def reset(request: web.Request) -> web.Response:
     """POST /reset: empty the cache, the clock and the counters; answer the fresh stats."""
     engine = request.app[ENGINE]
     engine.reset()
+    request.app[STORE].clear()
     events = request.app.get(EVENTS)
     if events is not None:
         request.app[PUBLISHER].publish(events.cleared())
@@ -336,6 +363,7 @@ def build_app(settings: SimSettings) -> web.Application:
     engine = Engine(settings)
     app[ENGINE] = engine
     app[REGISTRY] = registry_for(engine)
+    app[STORE] = ResponseStore()
     if settings.events is not None:
         spec = settings.spec
         app[EVENTS] = CacheEvents(
@@ -351,6 +379,9 @@ def build_app(settings: SimSettings) -> web.Application:
             web.post(Endpoint.CHAT.value, chat_completions),
             web.post(Endpoint.COMPLETIONS.value, completions),
             web.post(EMBEDDINGS, embeddings),
+            web.post(Endpoint.RESPONSES.value, responses),
+            web.post(Endpoint.MESSAGES.value, messages),
+            web.post("/v1/messages/count_tokens", count_tokens),
             web.get("/v1/models", models),
             web.get("/health", health),
             web.get("/metrics", metrics),
