@@ -30,6 +30,7 @@ Modules, from the request inwards:
 - ``admission``: the order of the gateway's bounded wait queue, by priority and fair between
   tenants; ``retry_budget``: retries in flight as a bounded share of requests in flight.
 - ``engine_model``: an engine's prefix cache and timing, for the simulator and engine-sim.
-- ``workload``: trace records and synthetic workloads for the simulator.
+- ``workload``: trace records and synthetic workloads for the simulator; ``agent_workload``: a
+  tool-calling agent's conversation in each API's shape (chat, Responses, Messages).
 - ``simulator``: discrete-event replay of a trace through ``decision``; ``stats``: percentiles.
 """

@@ -178,22 +178,24 @@ _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 class UsageTail:
     """The last bytes of a stream, to read its final ``usage`` event without decoding it all.
 
-    Its first chunk is kept too: Anthropic's stream reports its input tokens in its first event
-    (``message_start``), which a long stream's tail has lost.
+    Its first event is kept too (``keep`` bytes at most): Anthropic's stream reports its input
+    tokens in its first event (``message_start``), which a long stream's tail has lost.
     """
 
-    __slots__ = ("_cut", "_head", "_keep", "_parts", "_size")
+    __slots__ = ("_cut", "_head", "_heading", "_keep", "_parts", "_size")
 
     def __init__(self, keep: int = USAGE_TAIL_BYTES) -> None:
         self._parts: deque[bytes] = deque()
         self._size = 0
         self._keep = keep
         self._cut = False  # bytes were dropped from the front: the tail starts mid-event
-        self._head: bytes | None = None
+        self._head = b""
+        self._heading = True  # the first event has not ended yet
 
     def feed(self, chunk: bytes) -> None:
-        if self._head is None:
-            self._head = chunk[: self._keep]
+        if self._heading:
+            self._head += chunk[: self._keep - len(self._head)]
+            self._heading = b"\n\n" not in self._head and len(self._head) < self._keep
         self._parts.append(chunk)
         self._size += len(chunk)
         while self._size - len(self._parts[0]) >= self._keep:
