@@ -9,14 +9,18 @@ Starts ``kvrouter engine-sim --fast`` (no model delays, so what is measured is p
 2. load: at each concurrency, a fixed number of streamed requests through the router; reports
    throughput and the router's CPU time per request (utime + stime from /proc/<pid>/stat
    before and after, summed over the router process and its children, so that with
-   ``--workers N`` every worker counts; Linux only).
+   ``--workers N`` every worker counts; Linux only). With several ``--route`` (chat,
+   responses, messages: the same request in each API's shape), each concurrency runs every
+   route ``--rounds`` times, in turns and in a rotated order, and reports each route's CPU
+   per request beside the first route's.
 
 The client, the router and the engine share this machine's cores, so absolute numbers move
 with the machine; compare rows of one run.
 
     python -m bench.proxy_overhead [--requests 300] [--load-requests 2000]
                                    [--concurrency 32 256] [--prompt-chars 2000]
-                                   [--workers N]
+                                   [--workers N] [--route chat responses messages]
+                                   [--rounds 3]
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from bench.common import chat_body, closed_loop, interleaved, tree_cpu_seconds
+from bench.common import ROUTES, chat_body, closed_loop, interleaved, tree_cpu_seconds
 from router.commands.fleet import Proc, running, start_ready
 from router.core.stats import percentile
 from router.hostport import LOOPBACK
@@ -57,20 +61,55 @@ async def latency(
 
 
 async def load(
-    router: str, pid: int, total: int, concurrency: int, prompt_chars: int, max_tokens: int
+    router: str,
+    pid: int,
+    total: int,
+    concurrency: int,
+    prompt_chars: int,
+    max_tokens: int,
+    route: str = "chat",
 ) -> dict[str, float]:
+    path, body = ROUTES[route]
     r = await closed_loop(
         lambda _i: router,
         total,
         concurrency,
-        lambda i: chat_body(i, prompt_chars, max_tokens),
+        lambda i: body(i, prompt_chars, max_tokens),
         lambda: tree_cpu_seconds(pid),
+        path,
     )
     return {
-        "requests_per_s": r.requests_per_s,
-        "cpu_ms_per_request": r.cpu_ms_per_request or 0.0,
+        "requests": r.requests,
+        "seconds": r.seconds,
+        "cpu_seconds": r.cpu_seconds or 0.0,
         "failures": r.failures,
     }
+
+
+def by_route(
+    router: Proc, args: argparse.Namespace, concurrency: int
+) -> dict[str, dict[str, float]]:
+    """Each route's totals over ``args.rounds`` rounds at ``concurrency``, the routes taking
+    turns (the order rotated each round, so drift in the machine's load hits them alike)."""
+    totals = {r: {"requests": 0.0, "seconds": 0.0, "cpu_seconds": 0.0, "failures": 0.0}
+              for r in args.route}  # fmt: skip
+    for n in range(args.rounds):
+        k = n % len(args.route)
+        for route in args.route[k:] + args.route[:k]:
+            got = asyncio.run(
+                load(
+                    router.url,
+                    router.popen.pid,
+                    args.load_requests,
+                    concurrency,
+                    args.prompt_chars,
+                    args.max_tokens,
+                    route,
+                )
+            )
+            for key, value in got.items():
+                totals[route][key] += value
+    return totals
 
 
 def wait_all_ready(url: str, attempts: int = 2000) -> None:
@@ -95,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-chars", type=int, default=2000)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--workers", type=int, default=1, help="kvrouter serve --workers N")
+    p.add_argument("--route", nargs="+", choices=sorted(ROUTES), default=["chat"])
+    p.add_argument("--rounds", type=int, default=1, help="load runs per route and concurrency")
     args = p.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp, running([]) as procs:
@@ -121,22 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         lat = asyncio.run(
             latency(engine.url, router.url, args.requests, args.prompt_chars, args.max_tokens)
         )
-        rows = [
-            (
-                c,
-                asyncio.run(
-                    load(
-                        router.url,
-                        router.popen.pid,
-                        args.load_requests,
-                        c,
-                        args.prompt_chars,
-                        args.max_tokens,
-                    )
-                ),
-            )
-            for c in args.concurrency
-        ]
+        rows = [(c, by_route(router, args, c)) for c in args.concurrency]
 
     ms = 1000.0
     print(
@@ -153,12 +179,22 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         f"Through the router ({args.workers} worker(s)), "
-        f"{args.load_requests} streamed requests per row"
+        f"{args.load_requests} streamed requests per row and round, {args.rounds} round(s)"
     )
-    print(f"  {'concurrency':>11} {'req/s':>9} {'router CPU ms/req':>18} {'failures':>9}")
-    for c, r in rows:
-        rps, cpu, failed = r["requests_per_s"], r["cpu_ms_per_request"], int(r["failures"])
-        print(f"  {c:>11} {rps:9.1f} {cpu:18.3f} {failed:>9}")
+    first = args.route[0]
+    print(
+        f"  {'concurrency':>11} {'route':>10} {'req/s':>9} {'router CPU ms/req':>18} "
+        f"{'vs ' + first:>12} {'failures':>9}"
+    )
+    for c, routes in rows:
+        base = routes[first]["cpu_seconds"] / max(1.0, routes[first]["requests"])
+        for route, r in routes.items():
+            done = max(1.0, r["requests"])
+            rps = r["requests"] / r["seconds"] if r["seconds"] else 0.0
+            cpu = r["cpu_seconds"] / done
+            ratio = cpu / base if base else 0.0
+            failed = int(r["failures"])
+            print(f"  {c:>11} {route:>10} {rps:9.1f} {cpu * 1000:18.3f} {ratio:12.3f} {failed:>9}")
     return 0
 
 

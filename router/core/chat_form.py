@@ -25,7 +25,8 @@ take. The mapping, the same a chat client would write for the same content:
 Anything else (thinking and reasoning, files, built-in tool calls, item references) keeps its
 own type and is routed on a digest of its canonical JSON, as unknown chat content parts are:
 stable from turn to turn, so the conversation's later turns still share its prefix. Every
-mistyped field is a ``RequestShapeError`` naming it in the API's own terms.
+mistyped field is a ``RequestShapeError`` naming it in the API's own terms. Bodies are read
+as JSON parses them (objects are dicts).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ _NAMESPACE_FIELDS = ("model", "lora_adapter", "lora_path")
 
 
 def _object(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         raise RequestShapeError(f"'{where}' must be an object", where)
     return value
 
@@ -92,7 +93,7 @@ def _anthropic_part(block: Any, where: str) -> Any:
     block = _object(block, where)
     kind = block.get("type")
     if kind == "text":
-        return {"type": "text", "text": _string(block.get("text"), f"{where}.text")}
+        return _string(block.get("text"), f"{where}.text")
     if kind == "image":
         return _anthropic_image(block, where)
     if not isinstance(kind, str):
@@ -102,10 +103,20 @@ def _anthropic_part(block: Any, where: str) -> Any:
     return dict(block)
 
 
+def _joined(parts: list[Any]) -> Any:
+    """Text parts alone as one string, joined as chat content parts are (and as vLLM renders
+    them): the same routing text, built once."""
+    if all(isinstance(p, str) for p in parts):
+        return "\n".join(parts)
+    return [{"type": "text", "text": p} if isinstance(p, str) else p for p in parts]
+
+
 def _anthropic_content(content: Any, where: str) -> Any:
     if isinstance(content, str) or content is None:
         return content
-    return [_anthropic_part(b, f"{where}[{j}]") for j, b in enumerate(_array(content, where))]
+    return _joined(
+        [_anthropic_part(b, f"{where}[{j}]") for j, b in enumerate(_array(content, where))]
+    )
 
 
 def _anthropic_message(msg: Any, where: str) -> list[dict[str, Any]]:
@@ -119,7 +130,7 @@ def _anthropic_message(msg: Any, where: str) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(content):
         at = f"{where}.content[{j}]"
-        kind = block.get("type") if isinstance(block, Mapping) else None
+        kind = block.get("type") if isinstance(block, dict) else None
         if kind == "tool_use":
             args = canonical_json(block.get("input", {}), f"{at}.input")
             function = {"name": _string(block.get("name"), f"{at}.name"), "arguments": args}
@@ -132,7 +143,7 @@ def _anthropic_message(msg: Any, where: str) -> list[dict[str, Any]]:
         else:
             parts.append(_anthropic_part(block, at))
     if parts or calls or not out:
-        message: dict[str, Any] = {"role": role, "content": parts or None}
+        message: dict[str, Any] = {"role": role, "content": _joined(parts) if parts else None}
         if calls:
             message["tool_calls"] = calls
         out.append(message)
@@ -180,7 +191,7 @@ def _responses_part(part: Any, where: str) -> Any:
     part = _object(part, where)
     kind = part.get("type")
     if kind in ("input_text", "output_text", "text"):
-        return {"type": "text", "text": _string(part.get("text"), f"{where}.text")}
+        return _string(part.get("text"), f"{where}.text")
     if kind == "input_image" and isinstance(part.get("image_url"), str):
         return {"type": "image_url", "image_url": {"url": part["image_url"]}}
     if not isinstance(kind, str):
@@ -191,7 +202,9 @@ def _responses_part(part: Any, where: str) -> Any:
 def _responses_content(content: Any, where: str) -> Any:
     if isinstance(content, str) or content is None:
         return content
-    return [_responses_part(p, f"{where}[{j}]") for j, p in enumerate(_array(content, where))]
+    return _joined(
+        [_responses_part(p, f"{where}[{j}]") for j, p in enumerate(_array(content, where))]
+    )
 
 
 def _call(item: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -194,8 +194,10 @@ class UsageTail:
 
     def feed(self, chunk: bytes) -> None:
         if self._heading:
-            self._head += chunk[: self._keep - len(self._head)]
-            self._heading = b"\n\n" not in self._head and len(self._head) < self._keep
+            head = self._head + chunk if self._head else chunk
+            end = head.find(b"\n\n", 0, self._keep)
+            self._heading = end == -1 and len(head) < self._keep
+            self._head = head if self._heading else head[: end + 2 if end != -1 else self._keep]
         self._parts.append(chunk)
         self._size += len(chunk)
         while self._size - len(self._parts[0]) >= self._keep:
@@ -230,18 +232,34 @@ class UsageTail:
 _SEPARATORS = (b"\n\n", b"\r\r", b"\r\n\r\n")
 
 
+# A usage object whose members nest one level at most (token details), as every API's do.
+_USAGE_OBJECT = re.compile(rb'"usage"[ \t]*:[ \t]*(\{(?:[^{}]++|\{[^{}]*+\})*+\})')
+
+
 def _last_usage(data: bytes, cut: bool) -> tuple[int, int] | None:
     """(prompt, cached) tokens of the last event in ``data`` that reports them (``cut``: the
     data starts mid-event)."""
     end = len(data)
-    # Newest first, and only the events that mention usage are decoded (usually one).
+    # Newest first. The usage object alone is parsed where it can be cut out whole (its
+    # event's start and size do not matter then: a Responses stream's last event carries the
+    # whole response); else the event that holds it is decoded.
     while (at := data.rfind(b'"usage"', 0, end)) != -1:
+        m = _USAGE_OBJECT.match(data, at)
+        if m is not None:
+            try:
+                counts = usage_counts(orjson.loads(m.group(1)))
+            except orjson.JSONDecodeError:
+                counts = None
+            if counts is not None:
+                return counts
+            end = at
+            continue
         found = ((data.rfind(sep, 0, at), len(sep)) for sep in _SEPARATORS)
         start = max((i + n for i, n in found if i != -1), default=0)
         if start == 0 and cut:
             return None  # that event's beginning was cut off
-        m = _EVENT_END.search(data, at)
-        for ev in sse.Decoder().feed(data[start : m.end() if m else end] + b"\n\n"):
+        m_end = _EVENT_END.search(data, at)
+        for ev in sse.Decoder().feed(data[start : m_end.end() if m_end else end] + b"\n\n"):
             counts = _event_usage(ev)
             if counts is not None:
                 return counts

@@ -71,8 +71,16 @@ def test_usage_tail_long_stream_keeps_only_the_end() -> None:
 
 def test_usage_tail_cut_inside_usage_event_gives_up() -> None:
     big = {"choices": [], "usage": usage(7, 3), "pad": "x" * 5000}
-    data = event(big) + sse.DONE
+    data = event({"choices": []}) + event(big) + sse.DONE
     assert tail_of(data, list(range(0, len(data), 100)), keep=1000).usage() is None
+
+
+def test_usage_tail_usage_object_whole_in_a_cut_event_is_read() -> None:
+    # Only the usage object has to be whole: a Responses stream's last event carries the
+    # whole response, and may be longer than the tail.
+    big = {"choices": [], "pad": "x" * 5000, "usage": usage(7, 3)}
+    data = event({"choices": []}) + event(big) + sse.DONE
+    assert tail_of(data, list(range(0, len(data), 100)), keep=1000).usage() == (7, 3)
 
 
 def test_usage_tail_quoted_usage_in_content_ignored() -> None:
@@ -207,7 +215,8 @@ def test_usage_tail_anthropic_input_from_message_start_when_the_tail_lost_it() -
     )
     assert tail_of(data, [], keep=1024).usage() == (10, 4)  # from the kept first chunk
     assert tail_of(data, [7, 60, 900, 5000], keep=1024).usage() == (10, 4)  # in pieces
-    assert tail_of(data, [7, 60], keep=100).usage() is None  # longer than what is kept
+    small = list(range(0, len(data), 50))
+    assert tail_of(data, small, keep=100).usage() is None  # longer than what is kept
     whole = data.replace(
         b'{"output_tokens":400}', b'{"input_tokens":6,"cache_read_input_tokens":5}'
     )
