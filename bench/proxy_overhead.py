@@ -31,6 +31,7 @@ import sys
 import tempfile
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from bench.common import ROUTES, chat_body, closed_loop, interleaved, tree_cpu_seconds
 from router.commands.fleet import Proc, running, start_ready
@@ -86,13 +87,14 @@ async def load(
     }
 
 
-def by_route(
-    router: Proc, args: argparse.Namespace, concurrency: int
-) -> dict[str, dict[str, float]]:
-    """Each route's totals over ``args.rounds`` rounds at ``concurrency``, the routes taking
-    turns (the order rotated each round, so drift in the machine's load hits them alike)."""
-    totals = {r: {"requests": 0.0, "seconds": 0.0, "cpu_seconds": 0.0, "failures": 0.0}
-              for r in args.route}  # fmt: skip
+def by_route(router: Proc, args: argparse.Namespace, concurrency: int) -> dict[str, dict[str, Any]]:
+    """Each route's totals over ``args.rounds`` rounds at ``concurrency`` (and its CPU ms per
+    request in each round), the routes taking turns, the order rotated each round, so drift
+    in the machine's load hits them alike."""
+    totals: dict[str, dict[str, Any]] = {
+        r: {"requests": 0.0, "seconds": 0.0, "cpu_seconds": 0.0, "failures": 0.0, "rounds": []}
+        for r in args.route
+    }
     for n in range(args.rounds):
         k = n % len(args.route)
         for route in args.route[k:] + args.route[:k]:
@@ -109,6 +111,7 @@ def by_route(
             )
             for key, value in got.items():
                 totals[route][key] += value
+            totals[route]["rounds"].append(got["cpu_seconds"] * 1000 / max(1.0, got["requests"]))
     return totals
 
 
@@ -184,17 +187,23 @@ def main(argv: list[str] | None = None) -> int:
     first = args.route[0]
     print(
         f"  {'concurrency':>11} {'route':>10} {'req/s':>9} {'router CPU ms/req':>18} "
-        f"{'vs ' + first:>12} {'failures':>9}"
+        f"{'vs ' + first:>9}  per round (ms/req, then vs {first})"
     )
     for c, routes in rows:
         base = routes[first]["cpu_seconds"] / max(1.0, routes[first]["requests"])
         for route, r in routes.items():
-            done = max(1.0, r["requests"])
             rps = r["requests"] / r["seconds"] if r["seconds"] else 0.0
-            cpu = r["cpu_seconds"] / done
+            cpu = r["cpu_seconds"] / max(1.0, r["requests"])
             ratio = cpu / base if base else 0.0
-            failed = int(r["failures"])
-            print(f"  {c:>11} {route:>10} {rps:9.1f} {cpu * 1000:18.3f} {ratio:12.3f} {failed:>9}")
+            each = ", ".join(f"{x:.3f}" for x in r["rounds"])
+            paired = ", ".join(
+                f"{x / b:.2f}" if b else "-"
+                for x, b in zip(r["rounds"], routes[first]["rounds"], strict=True)
+            )
+            print(
+                f"  {c:>11} {route:>10} {rps:9.1f} {cpu * 1000:18.3f} {ratio:9.3f}  "
+                f"{each}; {paired}  ({int(r['failures'])} failed)"
+            )
     return 0
 
 

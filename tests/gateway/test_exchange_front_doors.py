@@ -10,7 +10,7 @@ import orjson
 
 from router.gateway.openai import sse
 from tests.fakes import SSE, FakeEngine, Script
-from tests.gateway.rig import A, B, rig
+from tests.gateway.rig import TOKEN, A, B, rig
 
 RESPONSES, MESSAGES = "/v1/responses", "/v1/messages"
 
@@ -121,3 +121,16 @@ async def test_count_tokens_records_nothing_and_counts_no_usage(tmp_path: Path) 
         assert status == 200 and got == {"input_tokens": 12}
         assert r.gw.core.index.blocks(r.up.sent[-1]) == 0
         assert await r.metric("kvrouter_prompt_tokens_total") == 0
+
+
+async def test_debug_route_reads_a_body_as_the_api_named(tmp_path: Path) -> None:
+    system = "a long system prompt " * 10
+    anthropic = messages_body(system=system)
+    history = [{"role": "system", "content": system}, *anthropic["messages"]]
+    chat = {"model": "m", "messages": history}
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with rig(tmp_path, env={"KVROUTER_ADMIN_TOKEN": TOKEN}) as r:
+        _, as_chat = await r.post("/debug/route", chat, headers=auth)
+        _, as_messages = await r.post("/debug/route?route=/v1/messages", anthropic, headers=auth)
+        _, guessed = await r.post("/debug/route", anthropic, headers=auth)
+    assert as_messages["blocks"] == as_chat["blocks"] > guessed["blocks"]  # system counted

@@ -180,7 +180,7 @@ async def stream(
 
 
 async def end_stream(answer: Answer, event: bytes) -> None:
-    """End a stream that failed after it started with ``event`` (an OpenAI error event)."""
+    """End a stream that failed after it started with ``event`` (its API's error event)."""
     try:
         await answer.response.write_eof(event)
     except ConnectionResetError:
