@@ -125,9 +125,16 @@ def messages_body(i: int, prompt_chars: int, max_tokens: int) -> dict[str, objec
     }
 
 
-# Each front door's path and the same streamed request in its shape.
+def chat_usage_body(i: int, prompt_chars: int, max_tokens: int) -> dict[str, object]:
+    """``chat_body`` asking for its usage event, as the other APIs' streams always send one."""
+    return {**chat_body(i, prompt_chars, max_tokens), "stream_options": {"include_usage": True}}
+
+
+# Each front door's path and the same streamed request in its shape (``chat-usage``: chat
+# asking for the usage event the Responses and Messages streams always carry).
 ROUTES: dict[str, tuple[str, Callable[[int, int, int], dict[str, object]]]] = {
     "chat": (CHAT, chat_body),
+    "chat-usage": (CHAT, chat_usage_body),
     "responses": ("/v1/responses", responses_body),
     "messages": ("/v1/messages", messages_body),
 }

@@ -10,7 +10,8 @@ Starts ``kvrouter engine-sim --fast`` (no model delays, so what is measured is p
    throughput and the router's CPU time per request (utime + stime from /proc/<pid>/stat
    before and after, summed over the router process and its children, so that with
    ``--workers N`` every worker counts; Linux only). With several ``--route`` (chat,
-   responses, messages: the same request in each API's shape), each concurrency runs every
+   chat-usage, responses, messages: the same request in each API's shape; chat-usage asks for
+   the usage event that Responses and Messages streams always carry), each concurrency runs every
    route ``--rounds`` times, in turns and in a rotated order, and reports each route's CPU
    per request beside the first route's.
 
@@ -19,7 +20,7 @@ with the machine; compare rows of one run.
 
     python -m bench.proxy_overhead [--requests 300] [--load-requests 2000]
                                    [--concurrency 32 256] [--prompt-chars 2000]
-                                   [--workers N] [--route chat responses messages]
+                                   [--workers N] [--route chat-usage responses messages]
                                    [--rounds 3]
 """
 
