@@ -15,7 +15,7 @@ and withdraws a prediction never recorded, so a failed attempt leaves no belief 
 
 Retries happen only while the client has no byte. A streamed answer (``text/event-stream``) is
 relayed chunk by chunk as it arrives; once it has started, a failure ends it with an
-OpenAI-style error event and a clean close. Any other answer is read whole first (so it can
+error event in its API's shape and a clean close. Any other answer is read whole first (so it can
 still be retried, and its ``usage`` read) and sent in one piece. Both relays are
 router.gateway.upstream.relay's; the exchange counts how each ended (``_streamed``,
 ``_settle``), and every failed attempt in one place (``_failed``). A client that disconnects
