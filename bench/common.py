@@ -85,9 +85,13 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def _system(prompt_chars: int) -> str:
+    return ("You are a careful assistant. " * (prompt_chars // 29 + 1))[:prompt_chars]
+
+
 def chat_body(i: int, prompt_chars: int, max_tokens: int) -> dict[str, object]:
     """A streamed chat request: a shared system prompt of ``prompt_chars`` and question ``i``."""
-    system = ("You are a careful assistant. " * (prompt_chars // 29 + 1))[:prompt_chars]
+    system = _system(prompt_chars)
     return {
         "model": "sim-model",
         "messages": [
@@ -97,6 +101,44 @@ def chat_body(i: int, prompt_chars: int, max_tokens: int) -> dict[str, object]:
         "max_tokens": max_tokens,
         "stream": True,
     }
+
+
+def responses_body(i: int, prompt_chars: int, max_tokens: int) -> dict[str, object]:
+    """``chat_body``'s request as an OpenAI Responses body (the system prompt as instructions)."""
+    return {
+        "model": "sim-model",
+        "instructions": _system(prompt_chars),
+        "input": [{"role": "user", "content": f"question {i}"}],
+        "max_output_tokens": max_tokens,
+        "stream": True,
+    }
+
+
+def messages_body(i: int, prompt_chars: int, max_tokens: int) -> dict[str, object]:
+    """``chat_body``'s request as an Anthropic Messages body (the system prompt as ``system``)."""
+    question = [{"type": "text", "text": f"question {i}"}]
+    return {
+        "model": "sim-model",
+        "system": _system(prompt_chars),
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+
+
+def chat_usage_body(i: int, prompt_chars: int, max_tokens: int) -> dict[str, object]:
+    """``chat_body`` asking for its usage event, as the other APIs' streams always send one."""
+    return {**chat_body(i, prompt_chars, max_tokens), "stream_options": {"include_usage": True}}
+
+
+# Each front door's path and the same streamed request in its shape (``chat-usage``: chat
+# asking for the usage event the Responses and Messages streams always carry).
+ROUTES: dict[str, tuple[str, Callable[[int, int, int], dict[str, object]]]] = {
+    "chat": (CHAT, chat_body),
+    "chat-usage": (CHAT, chat_usage_body),
+    "responses": ("/v1/responses", responses_body),
+    "messages": ("/v1/messages", messages_body),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,8 +212,10 @@ async def closed_loop(
     concurrency: int,
     body_for: BodyFor,
     cpu_of: Callable[[], float] | None = None,
+    path: str = CHAT,
 ) -> LoadResult:
-    """``total`` streamed requests, ``concurrency`` at a time; ``cpu_of`` is read around it."""
+    """``total`` streamed requests to ``path``, ``concurrency`` at a time; ``cpu_of`` is read
+    around it."""
     queue = iter(range(total))
     failures = 0
     ttfts: list[float] = []
@@ -182,7 +226,8 @@ async def closed_loop(
             nonlocal failures
             for i in queue:
                 try:
-                    ttfts.append((await stream_timing(http, url_for(i), body_for(i))).ttft)
+                    timing = await stream_timing(http, url_for(i), body_for(i), path)
+                    ttfts.append(timing.ttft)
                 except aiohttp.ClientError:
                     failures += 1
 

@@ -9,7 +9,11 @@ Starts ``kvrouter engine-sim --fast`` (no model delays, so what is measured is p
 2. load: at each concurrency, a fixed number of streamed requests through the router; reports
    throughput and the router's CPU time per request (utime + stime from /proc/<pid>/stat
    before and after, summed over the router process and its children, so that with
-   ``--workers N`` every worker counts; Linux only).
+   ``--workers N`` every worker counts; Linux only). With several ``--route`` (chat,
+   chat-usage, responses, messages: the same request in each API's shape; chat-usage asks for
+   the usage event that Responses and Messages streams always carry), each concurrency runs every
+   route ``--rounds`` times, in turns and in a rotated order, and reports each route's CPU
+   per request beside the first route's.
 
 The client, the router and the engine share this machine's cores, so absolute numbers move
 with the machine; compare rows of one run.
@@ -24,7 +28,7 @@ of a commit before tracing existed), to see what tracing costs when off.
 
     python -m bench.proxy_overhead [--requests 300] [--load-requests 2000]
                                    [--concurrency 32 256] [--prompt-chars 2000]
-                                   [--workers N]
+                                   [--workers N] [--route chat-usage responses messages]
                                    [--tracing 1.0 0.01 [--rounds 5] [--baseline DIR]]
 """
 
@@ -37,8 +41,9 @@ import sys
 import tempfile
 import urllib.request
 from pathlib import Path
+from typing import Any
 
-from bench.common import chat_body, closed_loop, interleaved, tree_cpu_seconds
+from bench.common import ROUTES, chat_body, closed_loop, interleaved, tree_cpu_seconds
 from router.commands.fleet import Proc, running, start_ready
 from router.core.stats import percentile
 from router.hostport import LOOPBACK
@@ -68,20 +73,57 @@ async def latency(
 
 
 async def load(
-    router: str, pid: int, total: int, concurrency: int, prompt_chars: int, max_tokens: int
+    router: str,
+    pid: int,
+    total: int,
+    concurrency: int,
+    prompt_chars: int,
+    max_tokens: int,
+    route: str = "chat",
 ) -> dict[str, float]:
+    path, body = ROUTES[route]
     r = await closed_loop(
         lambda _i: router,
         total,
         concurrency,
-        lambda i: chat_body(i, prompt_chars, max_tokens),
+        lambda i: body(i, prompt_chars, max_tokens),
         lambda: tree_cpu_seconds(pid),
+        path,
     )
     return {
-        "requests_per_s": r.requests_per_s,
-        "cpu_ms_per_request": r.cpu_ms_per_request or 0.0,
+        "requests": r.requests,
+        "seconds": r.seconds,
+        "cpu_seconds": r.cpu_seconds or 0.0,
         "failures": r.failures,
     }
+
+
+def by_route(router: Proc, args: argparse.Namespace, concurrency: int) -> dict[str, dict[str, Any]]:
+    """Each route's totals over ``args.rounds`` rounds at ``concurrency`` (and its CPU ms per
+    request in each round), the routes taking turns, the order rotated each round, so drift
+    in the machine's load hits them alike."""
+    totals: dict[str, dict[str, Any]] = {
+        r: {"requests": 0.0, "seconds": 0.0, "cpu_seconds": 0.0, "failures": 0.0, "rounds": []}
+        for r in args.route
+    }
+    for n in range(args.rounds):
+        k = n % len(args.route)
+        for route in args.route[k:] + args.route[:k]:
+            got = asyncio.run(
+                load(
+                    router.url,
+                    router.popen.pid,
+                    args.load_requests,
+                    concurrency,
+                    args.prompt_chars,
+                    args.max_tokens,
+                    route,
+                )
+            )
+            for key, value in got.items():
+                totals[route][key] += value
+            totals[route]["rounds"].append(got["cpu_seconds"] * 1000 / max(1.0, got["requests"]))
+    return totals
 
 
 def wait_all_ready(url: str, attempts: int = 2000) -> None:
@@ -167,11 +209,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--workers", type=int, default=1, help="kvrouter serve --workers N")
     p.add_argument("--tracing", type=float, nargs="+", help="sampling ratios to compare to off")
-    p.add_argument("--rounds", type=int, default=5, help="rounds of --tracing's comparison")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="load runs per route and concurrency (1), or rounds of --tracing's (5)",
+    )
     p.add_argument("--baseline", type=Path, help="with --tracing: also a router from this tree")
+    p.add_argument("--route", nargs="+", choices=sorted(ROUTES), default=["chat"])
     args = p.parse_args(argv)
     if args.tracing:
+        args.rounds = args.rounds or 5
         return tracing_cost(args)
+    args.rounds = args.rounds or 1
 
     with tempfile.TemporaryDirectory() as tmp, running([]) as procs:
         tmp_path = Path(tmp)
@@ -197,22 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         lat = asyncio.run(
             latency(engine.url, router.url, args.requests, args.prompt_chars, args.max_tokens)
         )
-        rows = [
-            (
-                c,
-                asyncio.run(
-                    load(
-                        router.url,
-                        router.popen.pid,
-                        args.load_requests,
-                        c,
-                        args.prompt_chars,
-                        args.max_tokens,
-                    )
-                ),
-            )
-            for c in args.concurrency
-        ]
+        rows = [(c, by_route(router, args, c)) for c in args.concurrency]
 
     ms = 1000.0
     print(
@@ -229,12 +264,28 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         f"Through the router ({args.workers} worker(s)), "
-        f"{args.load_requests} streamed requests per row"
+        f"{args.load_requests} streamed requests per row and round, {args.rounds} round(s)"
     )
-    print(f"  {'concurrency':>11} {'req/s':>9} {'router CPU ms/req':>18} {'failures':>9}")
-    for c, r in rows:
-        rps, cpu, failed = r["requests_per_s"], r["cpu_ms_per_request"], int(r["failures"])
-        print(f"  {c:>11} {rps:9.1f} {cpu:18.3f} {failed:>9}")
+    first = args.route[0]
+    print(
+        f"  {'concurrency':>11} {'route':>10} {'req/s':>9} {'router CPU ms/req':>18} "
+        f"{'vs ' + first:>9}  per round (ms/req, then vs {first})"
+    )
+    for c, routes in rows:
+        base = routes[first]["cpu_seconds"] / max(1.0, routes[first]["requests"])
+        for route, r in routes.items():
+            rps = r["requests"] / r["seconds"] if r["seconds"] else 0.0
+            cpu = r["cpu_seconds"] / max(1.0, r["requests"])
+            ratio = cpu / base if base else 0.0
+            each = ", ".join(f"{x:.3f}" for x in r["rounds"])
+            paired = ", ".join(
+                f"{x / b:.2f}" if b else "-"
+                for x, b in zip(r["rounds"], routes[first]["rounds"], strict=True)
+            )
+            print(
+                f"  {c:>11} {route:>10} {rps:9.1f} {cpu * 1000:18.3f} {ratio:9.3f}  "
+                f"{each}; {paired}  ({int(r['failures'])} failed)"
+            )
     return 0
 
 

@@ -3,7 +3,8 @@
 Modules, from the request inwards:
 
 - ``blocks``: an OpenAI request body -> canonical routing text -> chained block keys; the
-  token-exact keys of token ids, at an engine's block size.
+  token-exact keys of token ids, at an engine's block size. ``chat_form``: Responses and
+  Messages bodies in the chat-completions form that ``blocks`` reads.
 - ``lru``: a recency-ordered key set with bounded size; the eviction model shared by the
   router's index and the simulated engines' prefix caches.
 - ``index``: which engine holds which block keys, expressed as mergeable deltas; ``seq``: the
@@ -26,10 +27,12 @@ Modules, from the request inwards:
   ``release``, ``forget``); ``verdict``: the ``Decision`` it returns, with what it says of
   routing quality; ``shortlist``: which candidates a large fleet's decision scores;
   ``turns``: conversations' previous turns, to say where a follow-up's prefix broke.
+- ``response_homes``: which engine stored which response, for stateful Responses requests.
 - ``admission``: the order of the gateway's bounded wait queue, by priority and fair between
   tenants; ``retry_budget``: retries in flight as a bounded share of requests in flight.
 - ``engine_model``: an engine's prefix cache and timing, for the simulator and engine-sim.
-- ``workload``: trace records and synthetic workloads for the simulator.
+- ``workload``: trace records and synthetic workloads for the simulator; ``agent_workload``: a
+  tool-calling agent's conversation in each API's shape (chat, Responses, Messages).
 - ``simulator``: discrete-event replay of a trace through ``decision``; ``stats``: percentiles.
 - ``hotpath``: which implementation runs the decision's per-block and per-engine loops: the
   compiled ``_hotpath`` (C, ``hotpath-c/hotpath.c``, built by ``pip install`` where a C

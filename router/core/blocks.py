@@ -4,7 +4,8 @@ The routing text is built from the parsed fields in a fixed order, so JSON key o
 whitespace never change it. Tool definitions come first (chat templates put them in the
 system preamble, and they rarely change within a conversation), then every message in order.
 A conversation that grows by appending messages therefore keeps its earlier text as a prefix,
-which is what an engine's prefix cache sees too.
+which is what an engine's prefix cache sees too. Responses and Messages bodies are first put in
+the chat form (``router.core.chat_form``), so a conversation keys alike through all three APIs.
 
 Blocks are ``block_chars`` characters (about a quarter as many tokens for English text; a
 token-id prompt uses ``block_chars // 4`` ids per block). Only full blocks get keys: a partial
@@ -84,7 +85,8 @@ def namespace_of(body: Mapping[str, Any]) -> str:
     return model
 
 
-def _canonical_json(value: Any, where: str) -> str:
+def canonical_json(value: Any, where: str) -> str:
+    """``value`` as compact JSON with sorted keys; ``RequestShapeError`` when nested too deeply."""
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     except RecursionError:
@@ -126,7 +128,7 @@ def _content_text(content: Any, where: str) -> str:
             parts.append(f"<image:{_digest(url)}>")
         else:
             # Audio, files and future part types: route on a digest of their canonical form.
-            parts.append(f"<{kind}:{_digest(_canonical_json(part, f'{where}[{i}]'))}>")
+            parts.append(f"<{kind}:{_digest(canonical_json(part, f'{where}[{i}]'))}>")
     return "\n".join(parts)
 
 
@@ -138,7 +140,7 @@ def _chat_text(body: Mapping[str, Any]) -> str:
     tools_field = "tools" if "tools" in body else "functions"
     tools = body.get(tools_field)
     if tools:
-        out.append(f"{_RS}tools{_US}{_canonical_json(tools, tools_field)}")
+        out.append(f"{_RS}tools{_US}{canonical_json(tools, tools_field)}")
     for i, msg in enumerate(messages):
         if not isinstance(msg, Mapping):
             raise RequestShapeError(f"'messages[{i}]' must be an object", f"messages[{i}]")
@@ -153,7 +155,7 @@ def _chat_text(body: Mapping[str, Any]) -> str:
         calls_field = "tool_calls" if "tool_calls" in msg else "function_call"
         calls = msg.get(calls_field)
         if calls:
-            out.append(f"{_US}calls{_US}{_canonical_json(calls, f'messages[{i}].{calls_field}')}")
+            out.append(f"{_US}calls{_US}{canonical_json(calls, f'messages[{i}].{calls_field}')}")
         call_id = msg.get("tool_call_id")
         if isinstance(call_id, str):
             out.append(f"{_US}id{_US}{call_id}")

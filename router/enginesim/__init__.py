@@ -18,6 +18,8 @@ Modules, from the request inwards:
   them.
 - ``cancel``: what stops a request before its end (a closed connection, SGLang's abort by
   rid), and the tokens generated after the client left.
+- ``api_replies``: the Responses and Messages answers, in those APIs' shapes and events;
+  ``stored``: the responses stored for ``previous_response_id``.
 - ``metrics``: vLLM's metric names for ``/metrics``.
 - ``kv_publisher``: the prefix cache's stores and evictions published as vLLM's KV cache
   events, with replay.

@@ -1,6 +1,8 @@
 """engine-sim's HTTP surface: the aiohttp app, its routes, and the pace of its answers.
 
-Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models,
+Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses (OpenAI's
+Responses API, ``previous_response_id`` included: ``router.enginesim.stored``), /v1/messages
+and /v1/messages/count_tokens (Anthropic's Messages API); GET /v1/models,
 /health, /metrics (vLLM's names, ``router.enginesim.metrics``), /stats (JSON counters, and
 the ``traceparents`` the latest generation requests carried);
 POST /reset (empty the cache, the clock and the counters); POST /fault (below); POST /tokenize
@@ -60,6 +62,7 @@ from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from router import hostport
+from router.enginesim.api_replies import reply_for
 from router.enginesim.cancel import Runs
 from router.enginesim.engine import Engine, SimSettings, Ticket
 from router.enginesim.kv_publisher import CacheEvents, Publisher
@@ -73,12 +76,14 @@ from router.enginesim.requests import (
     parse_generation,
 )
 from router.enginesim.responses import Reply, embeddings_body, models_body
-from router.enginesim.tokens import prompt_text, token_ids
+from router.enginesim.stored import ResponseStore
+from router.enginesim.tokens import prompt_text, prompt_tokens, token_ids
 from router.gateway.openai import sse
 from router.gateway.openai.errors import (
     BadRequest,
     GatewayError,
     NotFound,
+    api_of,
     error_middleware,
     stream_error,
     vllm_dialect,
@@ -102,6 +107,7 @@ RUNS = web.AppKey("runs", Runs)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 EVENTS = web.AppKey("events", CacheEvents)
 PUBLISHER = web.AppKey("publisher", Publisher)
+STORE = web.AppKey("store", ResponseStore)
 # What /tokenize reports as the context length (engine-sim has no limit of its own).
 MAX_MODEL_LEN = 131_072
 
@@ -182,7 +188,7 @@ async def _stream(
         log.exception("stream failed on %s", request.path)
         # Headers are gone already: end the stream the way OpenAI servers report errors in it.
         with contextlib.suppress(ConnectionError):
-            await resp.write(stream_error(exc, vllm_dialect))
+            await resp.write(stream_error(exc, vllm_dialect, api=api_of(request.path)))
     return resp
 
 
@@ -212,7 +218,8 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     if "traceparent" in request.headers:
         engine.traceparents.append(request.headers["traceparent"][:TRACEPARENT_CHARS])
     drop = await _take_fault(request)
-    gen = parse_generation(await request.read(), endpoint, engine.settings)
+    store = request.app[STORE]
+    gen = parse_generation(await request.read(), endpoint, engine.settings, store.continued)
     ticket = engine.admit(gen.keys, gen.prompt_tokens, gen.max_tokens)
     events = request.app.get(EVENTS)
     if events is not None and gen.text is not None:
@@ -223,7 +230,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     rid = gen.rid or request.headers.get("X-Request-Id") or ""
     run = runs.start(rid, ticket, gen.max_tokens, gen.choices, functools.partial(_abort, request))
     try:
-        reply = Reply(gen, engine.settings.model, ticket.cached)
+        reply = reply_for(gen, engine.settings.model, ticket.cached, store)
         if gen.stream:
             return await _stream(request, engine, reply, ticket, drop)
         return await _answer(request, engine, reply, ticket, drop)
@@ -245,6 +252,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/completions."""
     return await _generate(request, Endpoint.COMPLETIONS)
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """POST /v1/responses."""
+    return await _generate(request, Endpoint.RESPONSES)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """POST /v1/messages."""
+    return await _generate(request, Endpoint.MESSAGES)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """POST /v1/messages/count_tokens: the prompt's tokens, as Anthropic's ``input_tokens``."""
+    engine = request.app[ENGINE]
+    inbound = parse(await request.read(), Endpoint.MESSAGES.value)
+    if inbound.model != engine.settings.model:
+        raise NotFound(f"The model `{inbound.model}` does not exist.", "model")
+    return _json({"input_tokens": prompt_tokens(prompt_text(inbound, engine.settings.tokenizer))})
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
@@ -291,6 +317,7 @@ async def reset(request: web.Request) -> web.Response:
     """POST /reset: empty the cache, the clock and the counters; answer the fresh stats."""
     engine = request.app[ENGINE]
     engine.reset()
+    request.app[STORE].clear()
     events = request.app.get(EVENTS)
     if events is not None:
         request.app[PUBLISHER].publish(events.cleared())
@@ -365,6 +392,7 @@ def build_app(settings: SimSettings) -> web.Application:
     app[REGISTRY] = registry_for(engine)
     app[RUNS] = Runs(engine)
     app.on_cleanup.append(_end_runs)
+    app[STORE] = ResponseStore()
     if settings.events is not None:
         spec = settings.spec
         app[EVENTS] = CacheEvents(
@@ -380,6 +408,9 @@ def build_app(settings: SimSettings) -> web.Application:
             web.post(Endpoint.CHAT.value, chat_completions),
             web.post(Endpoint.COMPLETIONS.value, completions),
             web.post(EMBEDDINGS, embeddings),
+            web.post(Endpoint.RESPONSES.value, responses),
+            web.post(Endpoint.MESSAGES.value, messages),
+            web.post("/v1/messages/count_tokens", count_tokens),
             web.get("/v1/models", models),
             web.get("/health", health),
             web.get("/metrics", metrics),

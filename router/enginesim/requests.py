@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,10 +32,23 @@ EMBEDDINGS = "/v1/embeddings"
 
 
 class Endpoint(enum.Enum):
-    """The two generation routes; they differ in field names and response objects."""
+    """The generation routes; they differ in field names and response objects."""
 
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
+    RESPONSES = "/v1/responses"
+    MESSAGES = "/v1/messages"
+
+
+# The field that limits the output, per route (chat may say ``max_completion_tokens`` instead).
+MAX_TOKENS_FIELD = {
+    Endpoint.CHAT: "max_tokens",
+    Endpoint.COMPLETIONS: "max_tokens",
+    Endpoint.RESPONSES: "max_output_tokens",
+    Endpoint.MESSAGES: "max_tokens",
+}
+# Routes whose streams always report usage, and that know no ``n`` or ``stream_options``.
+FRONT_DOORS = frozenset({Endpoint.RESPONSES, Endpoint.MESSAGES})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +66,8 @@ class Generation:
     seed: int
     text: RoutingText | None = None  # the canonical prompt, for the KV events' token ids
     rid: str | None = None  # SGLang's request id field, when the body names one
+    # Responses: the conversation in the chat form, stored turns first (router.enginesim.stored)
+    history: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,21 +122,35 @@ def _batch_size(prompt: Any) -> int:
     return 1
 
 
-def parse_generation(raw: bytes, endpoint: Endpoint, settings: SimSettings) -> Generation:
-    """Validate a chat or completions body; raises a ``RequestError`` naming the field."""
+def parse_generation(
+    raw: bytes,
+    endpoint: Endpoint,
+    settings: SimSettings,
+    history: Callable[[Inbound], Inbound] | None = None,
+) -> Generation:
+    """Validate a generation body; raises a ``RequestError`` naming the field.
+
+    ``history``: what a Responses request continues, its stored turns put before its own.
+    """
     inbound = _served(raw, endpoint.value, settings)
+    if history is not None:
+        inbound = history(inbound)
     body = inbound.body
-    options = body.get("stream_options")
+    options = body.get("stream_options") if endpoint not in FRONT_DOORS else None
     if options is not None and not isinstance(options, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
     if options is not None and not inbound.stream:
         raise BadRequest("'stream_options' is only allowed when 'stream' is true", "stream")
-    include_usage = _opt_bool(options or {}, "include_usage", "stream_options.")
-    name = "max_tokens"
+    include_usage = endpoint in FRONT_DOORS or _opt_bool(
+        options or {}, "include_usage", "stream_options."
+    )
+    name = MAX_TOKENS_FIELD[endpoint]
     if endpoint is Endpoint.CHAT and body.get("max_completion_tokens") is not None:
         name = "max_completion_tokens"
+    if endpoint is Endpoint.MESSAGES and name not in body:
+        raise BadRequest(f"'{name}' is required", name)
     max_tokens = _opt_int(body, name, DEFAULT_MAX_TOKENS, 1, MAX_TOKENS_CAP, clamp=True)
-    n = _opt_int(body, "n", 1, 1, MAX_CHOICES)
+    n = _opt_int(body, "n", 1, 1, MAX_CHOICES) if endpoint not in FRONT_DOORS else 1
     batch = _batch_size(body.get("prompt")) if endpoint is Endpoint.COMPLETIONS else 1
     text = prompt_text(inbound, settings.tokenizer)
     tokens = prompt_tokens(text)
@@ -139,6 +168,7 @@ def parse_generation(raw: bytes, endpoint: Endpoint, settings: SimSettings) -> G
         seed=keys[-1] if keys else tokens,
         text=text,
         rid=body["rid"] if isinstance(body.get("rid"), str) else None,
+        history=tuple(inbound.chat["messages"]) if inbound.chat is not None else (),
     )
 
 

@@ -43,7 +43,7 @@ def prompt_text(inbound: Inbound, tokenizer: LocalTokenizer | None) -> RoutingTe
     if tokenizer is None or rt.token_ids is not None:
         return rt
     try:
-        ids = tokenizer.ids(inbound.body)
+        ids = tokenizer.ids(inbound.prompt_body)
     except ValueError:
         return rt
     return RoutingText(rt.namespace, token_ids=array("I", ids))

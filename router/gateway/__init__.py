@@ -14,8 +14,11 @@ One request, one ``exchange``; every sub-package serves it, and each opens with 
   ``quality`` and written as the access log's JSON line; the opt-in route headers.
 - ``tracing``: OpenTelemetry spans of each request (off by default), and the W3C trace context
   each attempt sends its engine.
-- ``openai/``: the protocol, no I/O: the request body parsed once, the error tree and its one
-  renderer, Server-Sent Events framing. engine-sim imports only this package of the gateway.
+- ``stored_responses``: a stateful Responses request (``previous_response_id``) goes to the
+  engine that stored its response, learnt from the answers.
+- ``openai/``: the protocols, no I/O: the request body parsed once (chat, completions,
+  embeddings, Responses and Anthropic's Messages), the error tree and its one renderer (in each
+  API's shape), Server-Sent Events framing. engine-sim imports only this package of the gateway.
 - ``inbound/``: the client's side: connections, API keys, the body read, the request id,
   admission (the fair queue in front of a full fleet).
 - ``upstream/``: the engines' side: the one seam (``client``, where lower-layer failures become

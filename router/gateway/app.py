@@ -133,7 +133,8 @@ def _same_token(given: str, token: str) -> bool:
 
 
 async def debug_route(request: web.Request) -> web.Response:
-    """POST /debug/route: how a request body would be routed, without sending or recording it."""
+    """POST /debug/route[?route=PATH]: how a request body would be routed, without sending or
+    recording it (read as ``PATH``'s body, else as chat, completions or embeddings)."""
     gw = request.app[GATEWAY]
     raw = await read_body(request, gw.config.limits.max_body_bytes)
     try:
@@ -143,6 +144,8 @@ async def debug_route(request: web.Request) -> web.Response:
     route = "/v1/chat/completions"
     if isinstance(probe, dict) and "messages" not in probe:
         route = "/v1/embeddings" if "input" in probe else "/v1/completions"
+    if request.query.get("route") in PROMPT_FIELD:  # a body of another API, read as it is
+        route = request.query["route"]
     inbound = gw.models.rewrite(await gw.bodies.parse(raw, route), raw)[0]
     tokenized = await gw.tokenizer(inbound) if gw.tokenizer is not None else None
     d = decide(gw.services, inbound, request.headers, tokenized)

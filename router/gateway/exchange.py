@@ -16,7 +16,7 @@ and withdraws a prediction never recorded, so a failed attempt leaves no belief 
 
 Retries happen only while the client has no byte. A streamed answer (``text/event-stream``) is
 relayed chunk by chunk as it arrives; once it has started, a failure ends it with an
-OpenAI-style error event and a clean close. Any other answer is read whole first (so it can
+error event in its API's shape and a clean close. Any other answer is read whole first (so it can
 still be retried, and its ``usage`` read) and sent in one piece. Both relays are
 router.gateway.upstream.relay's; the exchange counts how each ended (``_streamed``,
 ``_settle``), and every failed attempt in one place (``_failed``). A client that disconnects
@@ -40,6 +40,7 @@ from aiohttp import web
 from router.core.decision import Lease
 from router.core.precise import TokenPrompt
 from router.core.verdict import Decision
+from router.gateway import stored_responses
 from router.gateway.inbound.admission import priority_of, tenant_of
 from router.gateway.inbound.auth import KEY_NAME
 from router.gateway.inbound.body import read_body
@@ -52,6 +53,7 @@ from router.gateway.openai.errors import (
     ShuttingDown,
     UpstreamError,
     UpstreamStatus,
+    api_of,
     error_response,
     stream_error,
 )
@@ -67,7 +69,9 @@ log = logging.getLogger(__name__)
 
 MAX_ERROR_BODY_BYTES = 1024 * 1024
 # Routes whose prompt tokens feed the cache hit ratio (embeddings have no prefix cache).
-GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
+GENERATION_ROUTES = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
+)
 CLIENT_GONE = 499
 
 
@@ -86,6 +90,7 @@ def decide(
     cands = s.pool.candidates(inbound.model)
     if within is not None:
         cands = tuple(c for c in cands if c in within)
+    cands = stored_responses.candidates(s.responses, inbound, cands)
     return core.decide(inbound.text, cands, s.clock(), session, tokenized=tokenized)
 
 
@@ -96,6 +101,7 @@ class Exchange:
         self.s = s
         self.request = request
         self.route = route
+        self.api = api_of(route)  # the shape of its errors
         self.t0 = s.clock()
         self.status = 0  # what the client saw, for kvrouter_requests_total (0: not yet known)
         # The client has the whole answer (an event stream's [DONE] went out): a disconnect
@@ -127,7 +133,7 @@ class Exchange:
             elif isinstance(exc, UpstreamStatus):
                 body = exc.body[:500].decode("utf-8", "replace")
                 log.warning("%s: %s answered %d: %s", self.id, exc.engine, exc.engine_status, body)
-            err = error_response(exc, request_id=self.id)
+            err = error_response(exc, request_id=self.id, api=self.api)
             self.status = err.status
             return err
         finally:
@@ -313,6 +319,7 @@ class Exchange:
                 raise UpstreamStatus(engine, resp.status, whole, ctype)
             if resp.status == 200:
                 self._first_byte(lease)
+                stored_responses.learn(s.responses, self.route, first, engine)
             ctype = resp.headers.get("Content-Type", "")
             if resp.status == 200 and ctype.startswith("text/event-stream") and first:
                 answer = await relay.stream(self.request, body, first, self._first_sent)
@@ -396,7 +403,7 @@ class Exchange:
                 log.warning("%s %s: stream from %s broke off: %s", self.id, self.route, engine, e)
                 self._failed(engine, e)
             self.status = error.status
-            await relay.end_stream(answer, stream_error(error, request_id=self.id))
+            await relay.end_stream(answer, stream_error(error, request_id=self.id, api=self.api))
         if answer.client_gone:
             log.debug("%s %s: client left during the stream from %s", self.id, self.route, engine)
             self.status = CLIENT_GONE

@@ -28,6 +28,7 @@ from router.core.index import Delta
 from router.core.load import EngineReport, Load
 from router.core.policy import Policy
 from router.core.precise import PreciseSettings, TokenPrompt
+from router.core.response_homes import ResponseHomes
 from router.core.retry_budget import BudgetRules, RetryBudget
 from router.gateway.config.engine_keys import EngineKeys
 from router.gateway.config.models import ModelAliases
@@ -86,6 +87,8 @@ class Services:
     # The request's token ids from the engines' tokenizer (router.gateway.precise.tokenize), for
     # engines whose KV events the index holds; None: route on the text keys alone.
     tokenize: Callable[[Inbound], Awaitable[TokenPrompt | None]] | None = None
+    # Which engine stored which response (stateful Responses requests go there).
+    responses: ResponseHomes = field(default_factory=ResponseHomes)
     # Exchanges in flight, and the cut at the end of a stop's grace period.
     drain: Drain = field(default_factory=Drain)
     # What non-streamed answers held until their end may take together

@@ -4,7 +4,8 @@ Off unless keys are configured. Keys come from a file (``auth.api_keys_file``, e
 from a Kubernetes Secret) and from an environment variable (``auth.api_keys_env``, default
 KVROUTER_API_KEYS), one ``NAME=KEY`` or ``NAME=sha256:HEX`` per line (or comma-separated in the
 variable). Only digests are kept in memory; a request's ``Authorization: Bearer KEY`` is
-digested and compared in constant time against every known digest. The matching key's name is
+digested and compared in constant time against every known digest (Anthropic's clients send the
+key as ``x-api-key: KEY`` instead, taken the same way). The matching key's name is
 the request's tenant for flow control. Anything else on ``/v1/`` is a 401 in the OpenAI shape;
 the probes and ``/metrics`` stay open (the admin routes have their own token).
 """
@@ -22,7 +23,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from router.core.fields import ConfigError
-from router.gateway.openai.errors import GatewayError, error_response
+from router.gateway.openai.errors import GatewayError, api_of, error_response
 
 # The key's name, for the rest of the request's life (flow control's tenant).
 KEY_NAME = web.RequestKey("kvrouter.key_name", str)
@@ -111,10 +112,14 @@ def auth_middleware(keys: ApiKeys) -> Middleware:
         if not keys.enabled or not request.path.startswith(GUARDED_PREFIX):
             return await handler(request)
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        name = keys.name_of(given.strip()) if scheme.lower() == "bearer" else None
+        if scheme.lower() != "bearer":
+            given = request.headers.get("x-api-key", "")
+        name = keys.name_of(given.strip()) if given else None
         if name is None:
-            err = InvalidApiKey("a valid API key is required: 'Authorization: Bearer <key>'")
-            return error_response(err)
+            err = InvalidApiKey(
+                "a valid API key is required: 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+            )
+            return error_response(err, api=api_of(request.path))
         request[KEY_NAME] = name
         return await handler(request)
 

@@ -1,9 +1,9 @@
-"""The gateway's exceptions, and the one place that turns any of them into an OpenAI error.
+"""The gateway's exceptions, and the one place that turns any of them into an API's error.
 
 Every refusal and failure leaves the gateway in OpenAI's shape,
-``{"error": {"message", "type", "param", "code"}}``, or, once a stream has started, as one
-OpenAI-style error event before the stream closes. Lower layers raise these classes; the
-upstream seam maps socket and HTTP framing failures into them in one table
+``{"error": {"message", "type", "param", "code"}}`` (or Anthropic's, on its routes), or, once a
+stream has started, as one error event before the stream closes. Lower layers raise these
+classes; the upstream seam maps socket and HTTP framing failures into them in one table
 (``router.gateway.upstream.client``'s ``EXCEPTION_MAP``); ``error_response`` and
 ``error_middleware`` below are the only code that renders them, and ``raw_response`` renders the
 few refusals made on a connection before aiohttp has a request to answer
@@ -12,7 +12,12 @@ and answered with a plain 500 that says nothing about the inside.
 
 The renderers take a ``dialect``: how ``type`` and ``code`` are spelled. The gateway speaks
 OpenAI's (``openai_dialect``: ``invalid_request_error``, a string code or null); engine-sim
-answers like vLLM (``vllm_dialect``: ``BadRequestError``, the HTTP status as the code).
+answers like vLLM (``vllm_dialect``: ``BadRequestError``, the HTTP status as the code). They
+also take the ``Api`` the request came by (``api_of`` its path), which shapes the envelope:
+OpenAI's for chat, completions and embeddings; for Responses the same body, but a stream ends
+with its ``error`` event (``{"type": "error", "code", "message", "param"}``); for Anthropic's
+Messages ``{"type": "error", "error": {"type", "message"}}`` in the body and in an ``error``
+event, its type named by the status (``ANTHROPIC_TYPES``) whatever the dialect.
 
     GatewayError                    status, type, code; ``param`` names the field at fault
     ├── RequestError                the client's request is at fault (4xx, never retried)
@@ -45,9 +50,11 @@ the engine's address and the details also carry; an engine's own 5xx body is nev
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -235,6 +242,43 @@ def vllm_dialect(status: int, type_: str, code: str | None) -> tuple[str, int | 
     return (name if name.endswith("Error") else name + "Error"), status
 
 
+class Api(enum.Enum):
+    """The front door a request came by; its errors take that API's shape."""
+
+    OPENAI = "openai"
+    RESPONSES = "responses"
+    ANTHROPIC = "anthropic"
+
+
+def api_of(path: str) -> Api:
+    """The API a request path belongs to."""
+    if path.startswith("/v1/messages"):
+        return Api.ANTHROPIC
+    if path.startswith("/v1/responses"):
+        return Api.RESPONSES
+    return Api.OPENAI
+
+
+# Anthropic's error type for each status; any other 4xx is invalid_request_error, 5xx api_error.
+ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def _anthropic_error(status: int, message: str) -> dict[str, Any]:
+    fallback = "invalid_request_error" if status < 500 else "api_error"
+    return {
+        "type": "error",
+        "error": {"type": ANTHROPIC_TYPES.get(status, fallback), "message": message},
+    }
+
+
 def _json_error(
     status: int,
     message: str,
@@ -242,7 +286,10 @@ def _json_error(
     param: str | None,
     code: str | None,
     dialect: Dialect,
+    api: Api = Api.OPENAI,
 ) -> bytes:
+    if api is Api.ANTHROPIC:
+        return orjson.dumps(_anthropic_error(status, message))
     type_out, code_out = dialect(status, type_, code)
     error = {"message": message, "type": type_out, "param": param, "code": code_out}
     return orjson.dumps({"error": error})
@@ -264,8 +311,10 @@ def error_response(
     body_limit: int = 0,
     dialect: Dialect = openai_dialect,
     request_id: str = "",
+    api: Api = Api.OPENAI,
 ) -> web.Response:
-    """The HTTP response for ``exc`` (any exception; unexpected ones become a bare 500).
+    """The HTTP response for ``exc`` (any exception; unexpected ones become a bare 500), in the
+    shape of ``api``.
 
     With ``request_id``, a server-side error's message names it (the log lines about the
     request carry it too) and the response carries it as X-Request-Id.
@@ -297,7 +346,7 @@ def error_response(
     if request_id and status >= 500:
         message = f"{message} (request {request_id})"
     headers["Content-Type"] = "application/json"
-    body = _json_error(status, message, type_, param, code, dialect)
+    body = _json_error(status, message, type_, param, code, dialect, api)
     return web.Response(status=status, body=body, headers=headers)
 
 
@@ -320,9 +369,13 @@ def raw_response(exc: GatewayError, dialect: Dialect = openai_dialect) -> bytes:
 
 
 def stream_error(
-    exc: BaseException, dialect: Dialect = openai_dialect, request_id: str = ""
+    exc: BaseException,
+    dialect: Dialect = openai_dialect,
+    request_id: str = "",
+    api: Api = Api.OPENAI,
 ) -> bytes:
-    """The SSE error event that ends a stream that failed after its first byte."""
+    """The SSE error event that ends a stream that failed after its first byte, in ``api``'s
+    shape."""
     if isinstance(exc, GatewayError):
         message = exc.public if isinstance(exc, UpstreamError) else exc.message
         status, type_, code = exc.status, exc.type, exc.code
@@ -330,14 +383,20 @@ def stream_error(
         status, message, type_, code = 500, "internal error", "server_error", None
     if request_id:
         message = f"{message} (request {request_id})"
-    return sse.error_event(message, *dialect(status, type_, code))
+    if api is Api.ANTHROPIC:
+        return sse.encode(orjson.dumps(_anthropic_error(status, message)), "error")
+    type_out, code_out = dialect(status, type_, code)
+    if api is Api.RESPONSES:
+        event = {"type": "error", "code": code_out or type_out, "message": message, "param": None}
+        return sse.encode(orjson.dumps(event), "error")
+    return sse.error_event(message, type_out, code_out)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def error_middleware(body_limit: int, dialect: Dialect = openai_dialect) -> Middleware:
-    """Middleware answering every exception in OpenAI's shape, never with a stack trace."""
+    """Middleware answering every exception in its API's shape, never with a stack trace."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -352,11 +411,12 @@ def error_middleware(body_limit: int, dialect: Dialect = openai_dialect) -> Midd
                 path=request.path,
                 body_limit=body_limit,
                 dialect=dialect,
+                api=api_of(request.path),
             )
         except GatewayError as exc:
-            return error_response(exc, dialect=dialect)
+            return error_response(exc, dialect=dialect, api=api_of(request.path))
         except Exception as exc:
             log.exception("unexpected error on %s %s", request.method, request.path)
-            return error_response(exc, dialect=dialect)
+            return error_response(exc, dialect=dialect, api=api_of(request.path))
 
     return middleware

@@ -1,8 +1,9 @@
 """An inbound OpenAI request: the body parsed once, and the few fields routing needs, checked.
 
 The gateway forwards the client's original bytes; it reads only ``model``, the prompt
-(``messages``, ``prompt`` or ``input``, which the routing core canonicalises), ``stream`` and
-``user``. Everything else is the engine's business. Any input, however malformed, ends here as a
+(``messages``, ``prompt`` or ``input``, which the routing core canonicalises; a Responses or
+Messages body in its chat form, with ``instructions`` or ``system``), ``stream`` and ``user``.
+Everything else is the engine's business. Any input, however malformed, ends here as a
 ``BadRequest`` that says which field is wrong and why, never as another exception.
 
 Memory and the event loop stay bounded however large the body (``BodyParser``): parsing costs
@@ -17,13 +18,14 @@ raw bytes are what is forwarded).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from router.core.blocks import RequestShapeError, RoutingText, routing_text
+from router.core.blocks import RequestShapeError, RoutingText, namespace_of, routing_text
+from router.core.chat_form import from_messages, from_responses
 from router.core.scorers.session_affinity import session_fields
 from router.gateway.openai.errors import BadRequest
 
@@ -35,12 +37,26 @@ LARGE_BODY_BYTES = 1024 * 1024
 MAX_LARGE_BODY_PARSES = 1
 _SCALARS = (str, int, float, bool, type(None))
 
+RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"
+COUNT_TOKENS = "/v1/messages/count_tokens"
 # Each generation route and the prompt field it requires.
 PROMPT_FIELD: dict[str, str] = {
     "/v1/chat/completions": "messages",
     "/v1/completions": "prompt",
     "/v1/embeddings": "input",
+    RESPONSES: "input",
+    MESSAGES: "messages",
+    COUNT_TOKENS: "messages",
 }
+# Front doors whose bodies are read in the chat form (router.core.chat_form).
+CHAT_FORM: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+    RESPONSES: from_responses,
+    MESSAGES: from_messages,
+    COUNT_TOKENS: from_messages,
+}
+# Routes checked like the others but routed on no prefix: nothing to find in a cache.
+UNROUTED = frozenset({COUNT_TOKENS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +66,20 @@ class Inbound:
     From ``BodyParser`` (unless ``keep_body``), ``body`` holds only the body's top-level
     scalar fields (``model``, ``stream``, ``user``, ``priority``...) and the nested ids a session
     may be named by (``session_affinity.session_fields``): the prompt is in ``text``.
+    ``chat``: a Responses or Messages body in the chat form (``router.core.chat_form``), kept
+    with the body, for the engines' chat templates.
     """
 
     body: Mapping[str, Any]
     text: RoutingText
     model: str
     stream: bool
+    chat: Mapping[str, Any] | None = None
+
+    @property
+    def prompt_body(self) -> Mapping[str, Any]:
+        """The body in a form a chat template takes: ``chat`` when there is one."""
+        return self.body if self.chat is None else self.chat
 
 
 def _type_name(v: Any) -> str:
@@ -89,23 +113,30 @@ def parse(raw: bytes, route: str) -> Inbound:
         raise BadRequest(f"'model' must be a non-empty string ({got})", "model")
     required = PROMPT_FIELD[route]
     # vLLM also embeds chat conversations: an embeddings body may send 'messages' instead.
-    if required not in body and not (required == "input" and "messages" in body):
+    if required not in body and not (route == "/v1/embeddings" and "messages" in body):
         raise BadRequest(f"'{required}' is required for {route}", required)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest(f"'stream' must be a boolean, got {_type_name(stream)}", "stream")
+    chat = None
     try:
-        text = routing_text(body)
+        convert = CHAT_FORM.get(route)
+        if convert is not None:
+            chat = convert(body)
+        if route in UNROUTED:
+            text, chat = RoutingText(namespace_of(body), text=""), None
+        else:
+            text = routing_text(body if chat is None else chat)
     except RequestShapeError as e:
         raise BadRequest(str(e), e.param) from None
-    return Inbound(body, text, model, bool(stream))
+    return Inbound(body, text, model, bool(stream), chat)
 
 
 def _light(inbound: Inbound) -> Inbound:
     """``inbound`` keeping of its body only the top-level scalars (the prompt is in its text)."""
     body = {k: v for k, v in inbound.body.items() if isinstance(v, _SCALARS)}
     body.update(session_fields(inbound.body))  # the nested ids a session may be named by
-    return Inbound(body, inbound.text, inbound.model, inbound.stream)
+    return Inbound(body, inbound.text, inbound.model, inbound.stream)  # no chat: no template
 
 
 def _parse_light(raw: bytes, route: str) -> Inbound:

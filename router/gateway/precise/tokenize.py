@@ -179,7 +179,7 @@ class Tokenizer:
             return TokenPrompt(ids, lora, len(ids) * CHARS_PER_TOKEN)
         engines = self.engines(inbound.model)
         text = rt.text or ""
-        if not engines:
+        if not engines or not text:  # nothing to key (a count of tokens is routed on none)
             return None
         entry = self._cache.get(rt)
         if entry is not None:
@@ -287,7 +287,8 @@ class Tokenizer:
         threads, loop = self._threads, asyncio.get_running_loop()
         t = time.perf_counter()
         try:
-            text, special = await loop.run_in_executor(threads, local.text_of, inbound.body)
+            body = inbound.prompt_body
+            text, special = await loop.run_in_executor(threads, local.text_of, body)
             if not whole and self._holds is not None and len(text) > PARTIAL_ABOVE:
                 # Before a space: the words up to it encode as they do in the whole text.
                 space = text.rfind(" ", PARTIAL_CHARS // 2, PARTIAL_CHARS)
@@ -370,7 +371,7 @@ class Tokenizer:
 
     async def _fetch(self, engine: str, inbound: Inbound) -> array[int]:
         """``engine``'s ids for the prompt; raises ``UpstreamError`` or ``ValueError``."""
-        body = inbound.body
+        body = inbound.prompt_body  # Responses and Messages bodies in their chat form
         req: dict[str, object] = {"model": inbound.model}
         if "messages" in body:
             req["messages"] = body["messages"]

@@ -2,8 +2,9 @@
 
 Pure functions over values, like ``router.gateway.openai.sse``: the exchange calls them, tests feed
 them bytes. The gateway reports the engines' prefix-cache hits from ``usage.prompt_tokens`` and
-``usage.prompt_tokens_details.cached_tokens``: in a non-streamed answer's JSON, or in a
-stream's last usage event, found from the stream's tail without decoding the whole stream.
+``usage.prompt_tokens_details.cached_tokens`` (or the Responses and Messages APIs' own fields,
+``usage_counts``): in a non-streamed answer's JSON, or in a stream's last usage event, found
+from the stream's tail without decoding the whole stream.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ USAGE_TAIL_BYTES = 16 * 1024
 _DROPPED_TO_ENGINE = _NOT_TO_ENGINE | {"x-forwarded-for"}
 # The client's credentials for the gateway are not the engines' business (engines get their
 # own); a client can write any forwarding header it likes, so by default none is believed.
-CLIENT_CREDENTIALS = frozenset({"authorization", "cookie"})
+CLIENT_CREDENTIALS = frozenset({"authorization", "cookie", "x-api-key"})
 CLIENT_FORWARDING = frozenset({"forwarded", "x-real-ip", "x-forwarded-host", "x-forwarded-proto"})
 # W3C trace context: replaced by the router's own when it traces (router.gateway.tracing).
 TRACE_CONTEXT = frozenset({"traceparent", "tracestate"})
@@ -100,12 +101,12 @@ def engine_headers(
 ) -> list[tuple[str, str]]:
     """The client's headers as the engine gets them: no hop-by-hop, X-Forwarded-For appended.
 
-    Unless asked, the client's ``Authorization`` and ``Cookie`` stay here, and its forwarding
-    headers (``Forwarded``, ``X-Real-IP``, ``X-Forwarded-*``) are dropped, X-Forwarded-For
-    then naming only the peer: behind a trusted proxy, ``trust_forwarding`` keeps the chain.
-    With ``request_id``, the engine gets it as X-Request-Id (vLLM takes it as its own). With
-    ``own_trace_context`` the client's ``traceparent`` and ``tracestate`` stay here: each
-    attempt adds the router's own.
+    Unless asked, the client's ``Authorization``, ``x-api-key`` and ``Cookie`` stay here, and its
+    forwarding headers (``Forwarded``, ``X-Real-IP``, ``X-Forwarded-*``) are dropped,
+    X-Forwarded-For then naming only the peer: behind a trusted proxy, ``trust_forwarding``
+    keeps the chain. With ``request_id``, the engine gets it as X-Request-Id (vLLM takes it as
+    its own). With ``own_trace_context`` the client's ``traceparent`` and ``tracestate`` stay
+    here: each attempt adds the router's own.
     """
     named = _connection_named(headers)
     drop = _DROP[pass_credentials, trust_forwarding, bool(request_id), own_trace_context]
@@ -140,15 +141,39 @@ def client_headers(headers: MultiMapping[str]) -> CIMultiDict[str]:
 
 
 def usage_counts(usage: Any) -> tuple[int, int] | None:
-    """(prompt tokens, cached tokens) from an OpenAI ``usage`` object, when both are given."""
+    """(prompt tokens, cached tokens) from a ``usage`` object, when both are given: chat's
+    (``prompt_tokens``, ``prompt_tokens_details.cached_tokens``), Responses' (``input_tokens``,
+    ``input_tokens_details.cached_tokens``) or Anthropic's (``input_tokens`` beside
+    ``cache_read_input_tokens`` and ``cache_creation_input_tokens``, which it does not count)."""
     if not isinstance(usage, dict):
         return None
-    prompt = usage.get("prompt_tokens")
-    details = usage.get("prompt_tokens_details")
+    if "prompt_tokens" in usage:
+        prompt, details = usage.get("prompt_tokens"), usage.get("prompt_tokens_details")
+    else:
+        prompt, details = usage.get("input_tokens"), usage.get("input_tokens_details")
+    if details is None and "cache_read_input_tokens" in usage:
+        cached, created = (
+            usage.get("cache_read_input_tokens"),
+            usage.get("cache_creation_input_tokens"),
+        )
+        if _count(prompt) and _count(cached):
+            return prompt + cached + (created if _count(created) else 0), cached
+        return None
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     if _count(prompt) and _count(cached):
         return prompt, cached
     return None
+
+
+def _usage_of(obj: Any) -> Any:
+    """The ``usage`` of an answer or event: its own, a Responses event's ``response.usage``, or
+    Anthropic's ``message_start`` ``message.usage``."""
+    if not isinstance(obj, dict):
+        return None
+    if "usage" in obj:
+        return obj["usage"]
+    inner = obj.get("response", obj.get("message"))
+    return inner.get("usage") if isinstance(inner, dict) else None
 
 
 def _count(v: Any) -> TypeGuard[int]:
@@ -161,24 +186,35 @@ def body_usage(body: bytes) -> tuple[int, int] | None:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    return usage_counts(obj.get("usage") if isinstance(obj, dict) else None)
+    return usage_counts(_usage_of(obj))
 
 
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 
 class UsageTail:
-    """The last bytes of a stream, to read its final ``usage`` event without decoding it all."""
+    """The last bytes of a stream, to read its final ``usage`` event without decoding it all.
 
-    __slots__ = ("_cut", "_keep", "_parts", "_size")
+    Its first event is kept too (``keep`` bytes at most): Anthropic's stream reports its input
+    tokens in its first event (``message_start``), which a long stream's tail has lost.
+    """
+
+    __slots__ = ("_cut", "_head", "_heading", "_keep", "_parts", "_size")
 
     def __init__(self, keep: int = USAGE_TAIL_BYTES) -> None:
         self._parts: deque[bytes] = deque()
         self._size = 0
         self._keep = keep
         self._cut = False  # bytes were dropped from the front: the tail starts mid-event
+        self._head = b""
+        self._heading = True  # the first event has not ended yet
 
     def feed(self, chunk: bytes) -> None:
+        if self._heading:
+            head = self._head + chunk if self._head else chunk
+            end = head.find(b"\n\n", 0, self._keep)
+            self._heading = end == -1 and len(head) < self._keep
+            self._head = head if self._heading else head[: end + 2 if end != -1 else self._keep]
         self._parts.append(chunk)
         self._size += len(chunk)
         while self._size - len(self._parts[0]) >= self._keep:
@@ -187,21 +223,10 @@ class UsageTail:
 
     def usage(self) -> tuple[int, int] | None:
         """(prompt, cached) tokens of the last event that reports them."""
-        data = b"".join(self._parts)
-        end = len(data)
-        # Newest first, and only the events that mention usage are decoded (usually one).
-        while (at := data.rfind(b'"usage"', 0, end)) != -1:
-            found = ((data.rfind(sep, 0, at), len(sep)) for sep in _SEPARATORS)
-            start = max((i + n for i, n in found if i != -1), default=0)
-            if start == 0 and self._cut:
-                return None  # that event's beginning was cut off
-            m = _EVENT_END.search(data, at)
-            for ev in sse.Decoder().feed(data[start : m.end() if m else end] + b"\n\n"):
-                counts = _event_usage(ev)
-                if counts is not None:
-                    return counts
-            end = start
-        return None
+        found = _last_usage(b"".join(self._parts), self._cut)
+        if found is None and self._cut and self._head:
+            return _last_usage(self._head, False)
+        return found
 
     def json_usage(self) -> tuple[int, int] | None:
         """(prompt, cached) tokens of a non-streamed JSON answer ending in this tail."""
@@ -224,6 +249,41 @@ class UsageTail:
 _SEPARATORS = (b"\n\n", b"\r\r", b"\r\n\r\n")
 
 
+# A usage object whose members nest one level at most (token details), as every API's do.
+_USAGE_OBJECT = re.compile(rb'"usage"[ \t]*:[ \t]*(\{(?:[^{}]++|\{[^{}]*+\})*+\})')
+
+
+def _last_usage(data: bytes, cut: bool) -> tuple[int, int] | None:
+    """(prompt, cached) tokens of the last event in ``data`` that reports them (``cut``: the
+    data starts mid-event)."""
+    end = len(data)
+    # Newest first. The usage object alone is parsed where it can be cut out whole (its
+    # event's start and size do not matter then: a Responses stream's last event carries the
+    # whole response); else the event that holds it is decoded.
+    while (at := data.rfind(b'"usage"', 0, end)) != -1:
+        m = _USAGE_OBJECT.match(data, at)
+        if m is not None:
+            try:
+                counts = usage_counts(orjson.loads(m.group(1)))
+            except orjson.JSONDecodeError:
+                counts = None
+            if counts is not None:
+                return counts
+            end = at
+            continue
+        found = ((data.rfind(sep, 0, at), len(sep)) for sep in _SEPARATORS)
+        start = max((i + n for i, n in found if i != -1), default=0)
+        if start == 0 and cut:
+            return None  # that event's beginning was cut off
+        m_end = _EVENT_END.search(data, at)
+        for ev in sse.Decoder().feed(data[start : m_end.end() if m_end else end] + b"\n\n"):
+            counts = _event_usage(ev)
+            if counts is not None:
+                return counts
+        end = start
+    return None
+
+
 def _event_usage(ev: sse.Event) -> tuple[int, int] | None:
     if ev.done or '"usage"' not in ev.data:
         return None
@@ -231,4 +291,15 @@ def _event_usage(ev: sse.Event) -> tuple[int, int] | None:
         obj = orjson.loads(ev.data)
     except orjson.JSONDecodeError:
         return None
-    return usage_counts(obj.get("usage") if isinstance(obj, dict) else None)
+    return usage_counts(_usage_of(obj))
+
+
+# The first id in a Responses answer's first bytes is the response's own: the body's ``id``
+# leads it, and a stream's first event (``response.created``) names its ``response.id`` first.
+_FIRST_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,256})"')
+
+
+def response_id(first: bytes) -> str | None:
+    """The response id a Responses answer's first bytes give, if they give one."""
+    m = _FIRST_ID.search(first)
+    return m.group(1).decode("utf-8", "replace") if m else None

@@ -147,7 +147,7 @@ async def stream(
         try:
             while True:
                 if resp.finished() or ends_stream(chunk, at_event):
-                    # The engine is done, or its stream is ([DONE] is OpenAI's last event):
+                    # The engine is done, or its stream is (its API's last event came):
                     # the last bytes and the end go out in one send. The client may hang
                     # up the moment it reads [DONE] (the openai client does); the request
                     # is answered now, not when the engine closes.
@@ -180,7 +180,7 @@ async def stream(
 
 
 async def end_stream(answer: Answer, event: bytes) -> None:
-    """End a stream that failed after it started with ``event`` (an OpenAI error event)."""
+    """End a stream that failed after it started with ``event`` (its API's error event)."""
     try:
         await answer.response.write_eof(event)
     except ConnectionResetError:
@@ -263,12 +263,28 @@ def is_json_object(body: bytes) -> bool:
         return False
 
 
+# The named events that end the other APIs' streams: Anthropic's, and the Responses API's
+# end states (neither sends [DONE]).
+LAST_EVENTS = (
+    b"event: message_stop\n",
+    b"event: response.completed\n",
+    b"event: response.incomplete\n",
+    b"event: response.failed\n",
+)
+
+
 def ends_stream(chunk: bytes, at_event: bool) -> bool:
-    """True when ``chunk`` ends with OpenAI's last event, ``data: [DONE]``, whole: after a blank
-    line in the chunk, or alone in it when the bytes before it ended an event (``at_event``).
-    Event data is JSON, which escapes line breaks, so a blank line only ever ends an event."""
+    """True when ``chunk`` ends with a stream's last event whole (OpenAI's ``data: [DONE]``,
+    or one of ``LAST_EVENTS``): after a blank line in the chunk, or alone in it when the bytes
+    before it ended an event (``at_event``). Event data is JSON, which escapes line breaks, so a
+    blank line only ever ends an event."""
     if not chunk.endswith(DONE):
-        return False
+        if not chunk.endswith(b"\n\n"):
+            return False
+        blank = chunk.rfind(b"\n\n", 0, len(chunk) - 2)
+        if blank == -1 and not at_event:
+            return False
+        return chunk.startswith(LAST_EVENTS, blank + 2 if blank != -1 else 0)
     before = len(chunk) - len(DONE)
     return chunk.endswith(b"\n\n", 0, before) if before else at_event
 

@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 import importlib
+import json
 
-from router.gateway.openai import errors
-from router.gateway.openai.errors import GatewayError
+import pytest
+
+from router.gateway.openai import errors, sse
+from router.gateway.openai.errors import (
+    Api,
+    BadRequest,
+    GatewayError,
+    NoEngine,
+    NotFound,
+    TooBusy,
+    UpstreamDropped,
+    api_of,
+    error_response,
+    stream_error,
+    vllm_dialect,
+)
 
 # Modules outside router.gateway.openai.errors that define GatewayError subclasses.
 DEFINERS = ["router.gateway.inbound.auth", "router.enginesim.app"]
@@ -52,3 +67,68 @@ def test_error_tree_drawing_names_every_class_under_its_parent() -> None:
     drawn, real = drawn_tree(), class_tree()
     assert len(drawn) > 10, "the drawing was not found where the test looks"
     assert drawn == real
+
+
+@pytest.mark.parametrize(
+    ("path", "api"),
+    [
+        ("/v1/chat/completions", Api.OPENAI),
+        ("/v1/responses", Api.RESPONSES),
+        ("/v1/messages", Api.ANTHROPIC),
+        ("/v1/messages/count_tokens", Api.ANTHROPIC),
+        ("/metrics", Api.OPENAI),
+    ],
+)
+def test_api_of_path(path: str, api: Api) -> None:
+    assert api_of(path) is api
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "kind"),
+    [
+        (BadRequest("bad 'x'", "x"), 400, "invalid_request_error"),
+        (NotFound("no model"), 404, "not_found_error"),
+        (TooBusy("full"), 429, "rate_limit_error"),
+        (NoEngine("none"), 503, "overloaded_error"),
+        (UpstreamDropped("cut", "http://e"), 502, "api_error"),
+        (ValueError("boom"), 500, "api_error"),
+    ],
+    ids=["400", "404", "429", "503", "502", "500"],
+)
+def test_anthropic_errors_take_anthropics_envelope_and_types(
+    exc: BaseException, status: int, kind: str
+) -> None:
+    for dialect in (errors.openai_dialect, vllm_dialect):  # Anthropic spells its own types
+        resp = error_response(exc, api=Api.ANTHROPIC, dialect=dialect, request_id="r1")
+        assert resp.status == status and resp.body is not None
+        body = json.loads(bytes(resp.body))  # type: ignore[arg-type]
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+        assert body["error"]["type"] == kind
+        if status >= 500:
+            assert "r1" in body["error"]["message"]
+
+
+def test_responses_errors_keep_openais_body() -> None:
+    resp = error_response(BadRequest("bad 'x'", "x"), api=Api.RESPONSES)
+    assert resp.body is not None
+    body = json.loads(bytes(resp.body))  # type: ignore[arg-type]
+    assert body == {
+        "error": {"message": "bad 'x'", "type": "invalid_request_error", "param": "x", "code": None}
+    }
+
+
+@pytest.mark.parametrize("api", list(Api))
+def test_stream_errors_in_each_apis_event(api: Api) -> None:
+    (event,) = sse.Decoder().feed(stream_error(UpstreamDropped("cut"), request_id="r2", api=api))
+    data = json.loads(event.data)
+    if api is Api.OPENAI:
+        assert event.event == "message" and data["error"]["code"] == "upstream_dropped"
+    elif api is Api.RESPONSES:
+        assert event.event == "error" and data["type"] == "error"
+        assert data["code"] == "upstream_dropped" and "r2" in data["message"]
+    else:
+        assert event.event == "error"
+        assert data == {
+            "type": "error",
+            "error": {"type": "api_error", "message": "the engine's answer broke off (request r2)"},
+        }

@@ -291,7 +291,9 @@ json_values = st.recursive(
 )
 keys = st.sampled_from(
     ["model", "messages", "prompt", "input", "stream", "role", "content", "type", "text",
-     "image_url", "url", "tools", "tool_calls", "name", "user", "lora_path"]
+     "image_url", "url", "tools", "tool_calls", "name", "user", "lora_path", "system",
+     "instructions", "id", "input_schema", "tool_use_id", "call_id", "arguments", "output",
+     "source"]
 )  # fmt: skip
 # Bodies shaped like requests, so that fuzzing reaches deep into the message checks.
 shaped = st.recursive(
@@ -301,7 +303,15 @@ shaped = st.recursive(
 )
 bodies = st.fixed_dictionaries(
     {"model": st.sampled_from(["m", "", 1, None])},
-    optional={"messages": shaped, "prompt": shaped, "input": shaped, "stream": shaped},
+    optional={
+        "messages": shaped,
+        "prompt": shaped,
+        "input": shaped,
+        "stream": shaped,
+        "system": shaped,
+        "instructions": shaped,
+        "tools": shaped,
+    },
 )
 
 
@@ -332,3 +342,60 @@ def test_fuzz_parse_any_json_only_bad_request(value: Any, route: str) -> None:
 @given(bodies, routes)
 def test_fuzz_parse_request_shaped_json_only_bad_request(value: Any, route: str) -> None:
     _only_bad_request(json.dumps(value).encode(), route)
+
+
+def test_parse_front_doors_route_on_their_chat_form() -> None:
+    chat = parse(json.dumps(CHAT_HI).encode(), "/v1/chat/completions")
+    messages = parse(json.dumps(MESSAGES_HI).encode(), "/v1/messages")
+    responses = parse(json.dumps(RESPONSES_HI).encode(), "/v1/responses")
+    assert messages.text == chat.text == responses.text
+    assert messages.stream and not responses.stream
+    assert messages.prompt_body == CHAT_HI  # text blocks joined, as a template renders them
+    assert chat.prompt_body is chat.body  # a chat body is its own chat form
+
+
+def test_parse_count_tokens_checks_the_body_and_routes_on_no_prefix() -> None:
+    got = parse(json.dumps(MESSAGES_HI).encode(), "/v1/messages/count_tokens")
+    assert got.text.text == "" and got.text.namespace == "m" and got.chat is None
+    with pytest.raises(BadRequest) as e:
+        parse(b'{"model": "m", "messages": [{"role": 3}]}', "/v1/messages/count_tokens")
+    assert e.value.param == "messages[0].role"
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("/v1/responses", {"model": "m", "messages": [{"role": "user", "content": "x"}]}, "input"),
+        ("/v1/responses", {"model": "m", "input": [{"type": 7}]}, "input[0].type"),
+        ("/v1/messages", {"model": "m", "input": "x"}, "messages"),
+        ("/v1/messages", {"model": "m", "messages": [{"role": "user", "content": 5}]},
+         "messages[0].content"),
+    ],
+)  # fmt: skip
+def test_parse_front_door_bad_bodies_400_name_their_field(
+    route: str, body: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(BadRequest) as e:
+        parse(json.dumps(body).encode(), route)
+    assert e.value.param == param
+
+
+def test_body_parser_light_keeps_no_chat_form_keep_body_does() -> None:
+    raw = json.dumps(MESSAGES_HI).encode()
+    light = asyncio.run(BodyParser().parse(raw, "/v1/messages"))
+    kept = asyncio.run(BodyParser(keep_body=True).parse(raw, "/v1/messages"))
+    assert light.chat is None and kept.chat is not None and light.text == kept.text
+
+
+CHAT_HI: dict[str, Any] = {
+    "model": "m",
+    "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}],
+}
+MESSAGES_HI = {
+    "model": "m",
+    "system": "sys",
+    "max_tokens": 3,
+    "stream": True,
+    "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+}
+RESPONSES_HI = {"model": "m", "instructions": "sys", "input": "hi"}

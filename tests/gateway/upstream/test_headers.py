@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from router.gateway.openai import sse
-from router.gateway.upstream.headers import UsageTail, client_headers, engine_headers, usage_counts
+from router.gateway.upstream.headers import (
+    UsageTail,
+    client_headers,
+    engine_headers,
+    response_id,
+    usage_counts,
+)
 
 
 def event(obj: Any, eol: bytes = b"\n") -> bytes:
@@ -65,8 +71,16 @@ def test_usage_tail_long_stream_keeps_only_the_end() -> None:
 
 def test_usage_tail_cut_inside_usage_event_gives_up() -> None:
     big = {"choices": [], "usage": usage(7, 3), "pad": "x" * 5000}
-    data = event(big) + sse.DONE
+    data = event({"choices": []}) + event(big) + sse.DONE
     assert tail_of(data, list(range(0, len(data), 100)), keep=1000).usage() is None
+
+
+def test_usage_tail_usage_object_whole_in_a_cut_event_is_read() -> None:
+    # Only the usage object has to be whole: a Responses stream's last event carries the
+    # whole response, and may be longer than the tail.
+    big = {"choices": [], "pad": "x" * 5000, "usage": usage(7, 3)}
+    data = event({"choices": []}) + event(big) + sse.DONE
+    assert tail_of(data, list(range(0, len(data), 100)), keep=1000).usage() == (7, 3)
 
 
 def test_usage_tail_quoted_usage_in_content_ignored() -> None:
@@ -91,8 +105,16 @@ def test_usage_tail_any_chunking_same_answer(cuts: list[int]) -> None:
         ({"prompt_tokens": -1, "prompt_tokens_details": {"cached_tokens": 0}}, None),
         (None, None),
         ("usage", None),
+        ({"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4}}, (10, 4)),
+        ({"input_tokens": 10, "input_tokens_details": {}}, None),
+        # Anthropic counts cached tokens apart from the input: the prompt is their sum.
+        ({"input_tokens": 6, "cache_read_input_tokens": 4}, (10, 4)),
+        ({"input_tokens": 6, "cache_read_input_tokens": 4, "cache_creation_input_tokens": 2},
+         (12, 4)),
+        ({"input_tokens": 6, "cache_read_input_tokens": None}, None),
+        ({"output_tokens": 3}, None),
     ],
-)
+)  # fmt: skip
 def test_usage_counts_needs_both_figures(value: Any, expected: tuple[int, int] | None) -> None:
     assert usage_counts(value) == expected
 
@@ -192,3 +214,62 @@ def test_client_headers_only_the_allowed_leave() -> None:
         "Retry-After": "3",
         "x-ratelimit-remaining-requests": "9",
     }
+
+
+def test_engine_headers_keep_anthropics_x_api_key_and_pass_its_version() -> None:
+    h = CIMultiDict([("x-api-key", "sk-client"), ("anthropic-version", "2023-06-01")])
+    got = dict(engine_headers(h, None))
+    assert "x-api-key" not in got and got["anthropic-version"] == "2023-06-01"
+    assert dict(engine_headers(h, None, pass_credentials=True))["x-api-key"] == "sk-client"
+
+
+def named(kind: str, obj: Any) -> bytes:
+    return sse.encode(orjson.dumps({"type": kind, **obj}), kind)
+
+
+def test_usage_tail_responses_completed_event() -> None:
+    u = {"input_tokens": 30, "input_tokens_details": {"cached_tokens": 20}, "output_tokens": 2}
+    data = b"".join(
+        [
+            named("response.created", {"response": {"id": "resp_1", "usage": None}}),
+            named("response.output_text.delta", {"delta": "hi"}),
+            named("response.completed", {"response": {"id": "resp_1", "usage": u}}),
+        ]
+    )
+    assert tail_of(data, []).usage() == (30, 20)
+
+
+def test_usage_tail_anthropic_input_from_message_start_when_the_tail_lost_it() -> None:
+    start = {"usage": {"input_tokens": 6, "cache_read_input_tokens": 4, "output_tokens": 0}}
+    deltas = [named("content_block_delta", {"delta": {"text": "w" * 50}}) for _ in range(400)]
+    data = b"".join(
+        [
+            named("message_start", {"message": start}),
+            *deltas,
+            named("message_delta", {"usage": {"output_tokens": 400}}),
+            named("message_stop", {}),
+        ]
+    )
+    assert tail_of(data, [], keep=1024).usage() == (10, 4)  # from the kept first chunk
+    assert tail_of(data, [7, 60, 900, 5000], keep=1024).usage() == (10, 4)  # in pieces
+    small = list(range(0, len(data), 50))
+    assert tail_of(data, small, keep=100).usage() is None  # longer than what is kept
+    whole = data.replace(
+        b'{"output_tokens":400}', b'{"input_tokens":6,"cache_read_input_tokens":5}'
+    )
+    assert tail_of(whole, [], keep=1024).usage() == (11, 5)  # a full message_delta wins
+
+
+@pytest.mark.parametrize(
+    ("first", "expected"),
+    [
+        (b'{"id":"resp_1","object":"response","output":[{"id":"msg_2"}]}', "resp_1"),
+        (named("response.created", {"sequence_number": 0, "response": {"id": "resp_3"}}),
+         "resp_3"),
+        (b'{"object": "response", "id" : "resp_4"}', "resp_4"),
+        (b'{"error": {"message": "no"}}', None),
+        (b"", None),
+    ],
+)  # fmt: skip
+def test_response_id_from_the_answers_first_bytes(first: bytes, expected: str | None) -> None:
+    assert response_id(first) == expected

@@ -184,3 +184,29 @@ async def test_event_stream_head_and_first_event_leave_in_one_write() -> None:
 )  # fmt: skip
 def test_ends_stream_only_a_whole_done_event(chunk: bytes, at_event: bool, ends: bool) -> None:
     assert ends_stream(chunk, at_event) is ends
+
+
+STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+COMPLETED = b'event: response.completed\ndata: {"type":"response.completed"}\n\n'
+DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta"}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("chunk", "at_event", "ends"),
+    [
+        (STOP, True, True),
+        (DELTA + STOP, False, True),
+        (COMPLETED, True, True),
+        (b"event: response.failed\ndata: {}\n\n", True, True),
+        (b"event: response.incomplete\ndata: {}\n\n", True, True),
+        (STOP, False, False),  # the chunk before ended mid-event
+        (STOP + DELTA, True, False),  # something came after it
+        (DELTA, True, False),
+        (b'event: response.output_text.delta\ndata: {"delta":"event: message_stop"}\n\n', True,
+         False),
+    ],
+    ids=["stop", "after-delta", "completed", "failed", "incomplete", "mid-event", "not-last",
+         "delta", "name-in-data"],
+)  # fmt: skip
+def test_ends_stream_the_other_apis_last_events(chunk: bytes, at_event: bool, ends: bool) -> None:
+    assert ends_stream(chunk, at_event) is ends
