@@ -47,6 +47,7 @@ from router.gateway.inbound.body import read_body
 from router.gateway.inbound.request_id import REQUEST_ID, request_id
 from router.gateway.openai.errors import (
     EngineRefused,
+    EngineVerdict,
     FirstByteTimeout,
     GatewayError,
     NoEngine,
@@ -62,6 +63,7 @@ from router.gateway.receipt import RECEIPT, Receipt
 from router.gateway.upstream import relay
 from router.gateway.upstream.client import UpstreamRequest, UpstreamResponse
 from router.gateway.upstream.deadline import Deadline
+from router.gateway.upstream.engine_errors import public_error
 from router.gateway.upstream.headers import UsageTail, client_headers, engine_headers
 from router.gateway.wiring import Services
 
@@ -333,9 +335,7 @@ class Exchange:
                     snippet = whole[:200].decode("utf-8", "replace")
                     log.warning("%s: %s refused with %d: %r", self.id, engine, resp.status, snippet)
                     raise EngineRefused(resp.status)
-                return web.Response(
-                    status=resp.status, body=whole, headers=client_headers(resp.headers)
-                )
+                return self._refused(resp, whole)
             answer = await relay.held(self.request, body, first, s.holds)
             finished = answer.complete
             self._settle(engine, resp.status, answer)
@@ -354,6 +354,21 @@ class Exchange:
             # Closing the connection stopped the engine; one that takes an abort gets it too.
             if rid is not None and not finished and (gone or self.status == CLIENT_GONE):
                 s.aborts.send(engine, rid)
+
+    def _refused(self, resp: UpstreamResponse, whole: bytes) -> web.Response:
+        """An engine's 4xx JSON answer as the client gets it: by default its message alone,
+        in the route's API shape (router.gateway.upstream.engine_errors), with the engine's
+        status and its allowed headers (``Retry-After``...)."""
+        headers = client_headers(resp.headers)
+        if self.s.forwarding.engine_error_bodies == "verbatim":
+            return web.Response(status=resp.status, body=whole, headers=headers)
+        said = public_error(whole)
+        verdict = EngineVerdict(resp.status, said.message, said.type, said.code)
+        out = error_response(verdict, request_id=self.id, api=self.api)
+        for k, v in headers.items():
+            if k.lower() not in ("content-type", "x-request-id"):  # error_response sets its own
+                out.headers.add(k, v)
+        return out
 
     def _failed(self, engine: str, error: UpstreamError, *, blame: bool = True) -> None:
         """Count a failed attempt at ``engine``, and against its health unless not ``blame``."""

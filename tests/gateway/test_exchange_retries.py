@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 
 from router.core.retry_budget import BudgetRules
-from router.gateway.config.serving import Limits
-from tests.fakes import FakeEngine, Script, error_answer
+from router.gateway.config.serving import Forwarding, Limits
+from tests.fakes import JSON, FakeEngine, Script, error_answer
 from tests.gateway.rig import CHAT, A, B, C, chat, rig
 
 
@@ -47,6 +48,52 @@ async def test_exchange_4xx_passed_through_not_retried(tmp_path: Path) -> None:
         assert body["error"]["message"] == "temperature must be at most 2"
         assert len(r.up.sent) == 1
         assert await r.metric("kvrouter_retries_total") == 0
+
+
+TRACEBACK_400 = {
+    "object": "error",
+    "message": "Request failed: Traceback (most recent call last):\n  File "
+    '"/usr/lib/python3.12/site-packages/vllm/serving_chat.py", line 3\nValueError',
+    "type": "BadRequestError",
+    "param": None,
+    "code": 400,
+}
+
+
+async def test_exchange_engine_4xx_reaches_the_client_without_its_insides(tmp_path: Path) -> None:
+    async with rig(tmp_path) as r:
+        leaky = {"Set-Cookie": "engine=1", "X-Internal-Node": "gpu-7", "Retry-After": "2"}
+        r.up.next(
+            Script(status=429, headers={**JSON, **leaky}, chunks=[orjson.dumps(TRACEBACK_400)])
+        )
+        async with r.client.post(CHAT, json=chat()) as resp:
+            body = await resp.json()
+            assert resp.status == 429 and resp.headers["Retry-After"] == "2"
+            assert "Set-Cookie" not in resp.headers and "X-Internal-Node" not in resp.headers
+        assert body["error"]["message"] == "Request failed"
+        assert body["error"]["type"] == "BadRequestError" and body["error"]["code"] == "400"
+        assert "Traceback" not in orjson.dumps(body).decode()
+
+
+async def test_exchange_engine_4xx_on_messages_in_anthropics_shape(tmp_path: Path) -> None:
+    async with rig(tmp_path) as r:
+        r.up.next(error_answer(400, "max_tokens: must be at most 4096"))
+        messages = {
+            "model": "m",
+            "max_tokens": 9999,
+            "messages": [{"role": "user", "content": "x"}],
+        }
+        status, body = await r.post("/v1/messages", messages)
+        assert status == 400 and body["type"] == "error"
+        assert body["error"]["message"] == "max_tokens: must be at most 4096"
+
+
+async def test_exchange_engine_4xx_verbatim_for_a_trusted_fleet(tmp_path: Path) -> None:
+    trusted = Forwarding(engine_error_bodies="verbatim")
+    async with rig(tmp_path, forwarding=trusted) as r:
+        r.up.next(Script(status=400, chunks=[orjson.dumps(TRACEBACK_400)]))
+        status, body = await r.post(CHAT, chat())
+        assert status == 400 and body == TRACEBACK_400
 
 
 @pytest.mark.parametrize(

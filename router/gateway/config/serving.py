@@ -9,6 +9,7 @@ field with its default.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from router.core.fields import ConfigFields
 from router.gateway.openai.request import LARGE_BODY_BYTES, MAX_LARGE_BODY_PARSES
@@ -65,6 +66,10 @@ class Forwarding:
     # The client's Forwarded, X-Real-IP and X-Forwarded-* headers: true only behind a proxy
     # that sets them itself, since any client can write them.
     trust_forwarding_headers: bool = False
+    # An engine's 4xx body: its message alone, cut before any traceback or path
+    # (router.gateway.upstream.engine_errors), or the body as the engine sent it (a fleet
+    # whose clients may see the engines' insides).
+    engine_error_bodies: Literal["reduced", "verbatim"] = "reduced"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,9 +151,11 @@ def forwarding(f: ConfigFields | None) -> Forwarding:
     d = Forwarding()
     if f is None:
         return d
+    bodies = f.choice("engine_error_bodies", d.engine_error_bodies, ("reduced", "verbatim"))
     out = Forwarding(
         f.flag("client_credentials", d.client_credentials),
         f.flag("trust_forwarding_headers", d.trust_forwarding_headers),
+        "verbatim" if bodies == "verbatim" else "reduced",
     )
     f.done()
     return out

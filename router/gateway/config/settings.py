@@ -28,7 +28,8 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
              keepalive_timeout_seconds: 75, large_body_bytes: 1048576, max_large_body_parses: 1}
     admin_token_env: KVROUTER_ADMIN_TOKEN
     auth: {api_keys_file: "", api_keys_env: KVROUTER_API_KEYS}
-    forwarding: {client_credentials: false, trust_forwarding_headers: false}
+    forwarding: {client_credentials: false, trust_forwarding_headers: false,
+                 engine_error_bodies: reduced}     # or verbatim: engines' 4xx bodies as sent
     drain: {grace_seconds: 10}
     engine_metrics:
       enabled: true

@@ -27,7 +27,8 @@ event, its type named by the status (``ANTHROPIC_TYPES``) whatever the dialect.
     │   ├── BodyTimeout             408  the body did not arrive in time
     │   ├── HeaderTimeout           408  the request's headers did not arrive in time
     │   ├── BodyTooLarge            413  body above limits.max_body_bytes
-    │   └── EngineRefused           4xx  an engine refused it with a body that is no JSON error
+    │   ├── EngineRefused           4xx  an engine refused it with a body that is no JSON error
+    │   └── EngineVerdict           4xx  an engine refused it and said why (its message, cut)
     ├── InvalidApiKey               401  no or unknown client API key (router.gateway.inbound.auth)
     ├── NoEngine                    503  no healthy engine serves the model (Retry-After)
     ├── TooManyConnections          503  limits.max_connections are open (Retry-After)
@@ -124,6 +125,20 @@ class EngineRefused(RequestError):
     def __init__(self, status: int) -> None:
         super().__init__(f"the engine refused the request with status {status}")
         self.status = status
+
+
+class EngineVerdict(RequestError):
+    """An engine refused the request (a 4xx) and said why: its message (cut before anything
+    internal, router.gateway.upstream.engine_errors), type and code reach the client in the
+    route's API shape, with the engine's status."""
+
+    code = None
+
+    def __init__(self, status: int, message: str, type_: str | None, code: str | int | None):
+        super().__init__(message, code=None if code is None else str(code))
+        self.status = status
+        if type_:
+            self.type = type_
 
 
 class BodyTooLarge(RequestError):
