@@ -24,6 +24,7 @@ from tests.support import (
     CHECKOUT_KVROUTER,
     LOOPBACK,
     Proc,
+    eventually,
     free_port,
     http_json,
     metric,
@@ -141,8 +142,13 @@ async def test_grpc_health_on_the_picker_port(pool: Pool) -> None:
     async with channel_to(pool.epp) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
-            got = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
-            assert got.status == health_pb2.HealthCheckResponse.SERVING
+
+            async def serving(service: str = service) -> bool:
+                # Readiness follows /ready on the picker's own poll: the first may come late.
+                got = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+                return bool(got.status == health_pb2.HealthCheckResponse.SERVING)
+
+            assert await eventually(serving, timeout=10)
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await stub.Check(health_pb2.HealthCheckRequest(service="nonesuch"), timeout=5)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
