@@ -28,6 +28,8 @@ Modules, from the request inwards:
   routing quality; ``shortlist``: which candidates a large fleet's decision scores;
   ``turns``: conversations' previous turns, to say where a follow-up's prefix broke.
 - ``response_homes``: which engine stored which response, for stateful Responses requests.
+- ``token_scale``: how many of the router's tokens an engine's token is, learnt from usage,
+  to read the engines' reported cache sizes.
 - ``admission``: the order of the gateway's bounded wait queue, by priority and fair between
   tenants; ``retry_budget``: retries in flight as a bounded share of requests in flight.
 - ``engine_model``: an engine's prefix cache and timing, for the simulator and engine-sim.

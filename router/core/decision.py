@@ -56,6 +56,7 @@ from router.core.scorers.registry import SCORERS
 from router.core.scorers.session_affinity import Params as SessionParams
 from router.core.scorers.session_affinity import session_of
 from router.core.shortlist import narrow, shortlist
+from router.core.token_scale import TokenScale
 from router.core.turns import Turns
 from router.core.verdict import Decision
 
@@ -111,8 +112,10 @@ class RoutingCore:
         self.predictions = Predictions()
         self.ring = BoundedLoadRing()
         self._turn = 0  # round-robin's position, advanced by ``acquire``
-        # Prompt tokens each engine says it caches (``engine_capacity``), kept across policies.
+        # Prompt tokens each engine says it caches (``engine_capacity``), kept across policies,
+        # and how many of the router's tokens one of theirs is.
         self._capacity: dict[str, int] = {}
+        self.token_scale = TokenScale()
         self._memories = self._remembering(policy, {})
         # Outstanding leases -> whether their claims are still unconfirmed.
         self._leases: dict[int, bool] = {}
@@ -167,8 +170,8 @@ class RoutingCore:
             self.index = BlockIndex(self._limits(policy), self.origin, seq=self.index.seq)
             for e in engines:
                 self.index.add_engine(e)
-            for e, tokens in self._capacity.items():
-                self.index.add_engine(e, max(1, tokens // policy.block_tokens))
+            for e in self._capacity:
+                self._size(e)
             # Claims on the old keys: the old index is gone; leases still out withdraw claims
             # that are no longer there, which ``Predictions.withdraw`` ignores.
             self.predictions.clear()
@@ -178,11 +181,23 @@ class RoutingCore:
                 self.index.add_engine(e)
 
     def engine_capacity(self, engine: str, tokens: int) -> None:
-        """``engine`` caches ``tokens`` prompt tokens, as it says of itself: the index forgets
-        its blocks beyond that, as the engine does (instead of the policy's guess)."""
+        """``engine`` caches ``tokens`` prompt tokens (its own), as it says of itself: the
+        index forgets its blocks beyond that, as the engine does (instead of the policy's
+        guess), counted in the router's tokens (``core.token_scale``)."""
         if engine not in self.index.engines or tokens < 1:
             return
         self._capacity[engine] = tokens
+        self._size(engine)
+
+    def calibrate(self, router_tokens: int, engine_tokens: int) -> None:
+        """An answered prompt as the router counted it and as its engine did: when the two
+        counts part, the engines' reported sizes are read again in the router's tokens."""
+        if self.token_scale.observe(router_tokens, engine_tokens):
+            for engine in self._capacity:
+                self._size(engine)
+
+    def _size(self, engine: str) -> None:
+        tokens = self.token_scale.router_tokens(self._capacity[engine])
         self.index.add_engine(engine, max(1, tokens // self.policy.block_tokens))
 
     def set_precise(self, engine: str, block_size: int | None) -> None:

@@ -402,6 +402,9 @@ class Exchange:
         if counts is not None:
             self.s.metrics.usage(*counts)
             self.receipt.usage = counts
+            d = self.receipt.decision
+            if d is not None:  # the engine's count of the prompt against the router's
+                self.s.core.calibrate(d.prompt_tokens, counts[0])
 
     def _first_sent(self) -> None:
         """The client has the stream's first bytes: its time to first token."""

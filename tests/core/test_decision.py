@@ -347,3 +347,19 @@ def test_engine_capacity_sizes_its_index_and_survives_a_policy_with_other_blocks
     r.set_engines({"b": 1})
     r.set_engines({"a": 1, "b": 1})  # gone and back: the policy's size until it says again
     assert r.index.capacity_blocks("a") == wider.engine_capacity_blocks
+
+
+def test_engine_capacity_read_in_the_routers_tokens_once_usage_says_their_ratio() -> None:
+    policy = load_policy_text("name: t\nscorers: [{type: prefix-overlap, weight: 1}]\n", "t")
+    r = RoutingCore(policy)
+    r.set_engines({"a": 1})
+    r.engine_capacity("a", 128_000)
+    assert r.index.capacity_blocks("a") == 128_000 // policy.block_tokens
+    for _ in range(19):  # too few to say anything yet
+        r.calibrate(600, 1000)
+    assert r.index.capacity_blocks("a") == 128_000 // policy.block_tokens
+    r.calibrate(600, 1000)  # the engine cuts finer: 0.6 of the router's tokens each
+    assert r.index.capacity_blocks("a") == int(128_000 * 0.6) // policy.block_tokens
+    r.calibrate(0, 1000)  # no count: nothing learnt
+    r.calibrate(610, 1000)  # within 5%: no resize
+    assert r.index.capacity_blocks("a") == int(128_000 * 0.6) // policy.block_tokens

@@ -18,6 +18,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from router.core.token_scale import MIN_REQUESTS
 from router.gateway.app import build_app
 from router.gateway.config.serving import Forwarding, Timeouts
 from router.gateway.openai import sse
@@ -309,3 +310,14 @@ async def test_exchange_client_disconnect_before_first_byte_releases_load(tmp_pa
             await r.client.post(CHAT, json=chat(), timeout=aiohttp.ClientTimeout(total=0.2))
         await assert_all_released(r)
         assert await r.metric("kvrouter_requests_total", route=CHAT, code="499") == 1
+
+
+async def test_exchange_usage_teaches_the_core_the_engines_token_size(tmp_path: Path) -> None:
+    async with rig(tmp_path) as r:
+        prompt = "the router counts four characters a token"
+        for _ in range(MIN_REQUESTS):
+            status, _ = await r.post(CHAT, chat(prompt))
+            assert status == 200
+        # The fake engine counts every prompt as 10 tokens of its own, whatever its length.
+        d = r.gw.core.decide(chat(prompt), [A], now=0.0)
+        assert r.gw.core.token_scale.ratio == pytest.approx(d.prompt_tokens / 10, rel=0.06)
