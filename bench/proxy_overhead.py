@@ -94,6 +94,7 @@ async def load(
         "requests": r.requests,
         "seconds": r.seconds,
         "cpu_seconds": r.cpu_seconds or 0.0,
+        "cpu_ms_per_request": r.cpu_ms_per_request or 0.0,
         "failures": r.failures,
     }
 
