@@ -33,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Literal, TypeVar
+from typing import ClassVar, Generic, Literal, TypeVar
 
 from router.core.fields import ConfigError, show
 from router.core.policy import Policy, PolicyError, load_policy_text
@@ -58,15 +58,16 @@ class _Read(Generic[T]):
 
 
 class FileWatcher(Generic[T]):
-    """Polls one file and hands each new valid version (``load(text, where)``) to ``apply``;
-    ``load`` raises ``error`` for a file it refuses, and ``what`` names the file in logs."""
+    """Polls one file and hands each new valid version (``_load(text, where)``) to ``apply``;
+    a subclass says how to load it: ``_load`` raises ``error`` for a file it refuses, and
+    ``what`` names the file in logs."""
+
+    error: ClassVar[type[ValueError]]
+    what: ClassVar[str]
 
     def __init__(
         self,
         path: Path,
-        load: Callable[[str, str], T],
-        error: type[ValueError],
-        what: str,
         apply: Callable[[T], None],
         on_result: Callable[[Result], None],
         interval_seconds: float,
@@ -76,9 +77,7 @@ class FileWatcher(Generic[T]):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.path = path
-        self._load = load
-        self._error = error
-        self.what = what
+        self._error = self.error
         self._apply = apply
         self._on_result = on_result
         self._interval = interval_seconds
@@ -89,6 +88,10 @@ class FileWatcher(Generic[T]):
         self._rejected: bytes | str | None = None  # hash (or read error) reported last
         self._wake = asyncio.Event()
         self._forced = False
+
+    def _load(self, text: str, where: str) -> T:
+        """The file's ``text`` loaded; raises ``error`` for one it refuses."""
+        raise NotImplementedError
 
     def load_initial(self) -> T:
         """The version to start with; raises ``error`` (a gateway must not start without)."""
@@ -179,29 +182,11 @@ class FileWatcher(Generic[T]):
 class PolicyWatcher(FileWatcher[Policy]):
     """The policy file's watcher: each new valid policy goes to ``apply``."""
 
-    def __init__(
-        self,
-        path: Path,
-        apply: Callable[[Policy], None],
-        on_result: Callable[[Result], None],
-        interval_seconds: float,
-        poll: bool = True,
-        *,
-        now: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        super().__init__(
-            path,
-            load_policy_text,
-            PolicyError,
-            "policy",
-            apply,
-            on_result,
-            interval_seconds,
-            poll,
-            now=now,
-            sleep=sleep,
-        )
+    error = PolicyError
+    what = "policy"
+
+    def _load(self, text: str, where: str) -> Policy:
+        return load_policy_text(text, where)
 
 
 def models_of(text: str, where: str) -> ModelAliases:
@@ -213,26 +198,8 @@ def models_of(text: str, where: str) -> ModelAliases:
 class ModelsWatcher(FileWatcher[ModelAliases]):
     """The config file's watcher for its ``models`` section: new aliases go to ``apply``."""
 
-    def __init__(
-        self,
-        path: Path,
-        apply: Callable[[ModelAliases], None],
-        on_result: Callable[[Result], None],
-        interval_seconds: float,
-        poll: bool = True,
-        *,
-        now: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        super().__init__(
-            path,
-            models_of,
-            ConfigError,
-            "models section",
-            apply,
-            on_result,
-            interval_seconds,
-            poll,
-            now=now,
-            sleep=sleep,
-        )
+    error = ConfigError
+    what = "models section"
+
+    def _load(self, text: str, where: str) -> ModelAliases:
+        return models_of(text, where)
