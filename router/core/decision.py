@@ -400,10 +400,13 @@ class RoutingCore:
 
     # -- the state changes -------------------------------------------------------------------
 
-    def acquire(self, d: Decision, engine: str, now: float) -> Lease:
-        """Take ``engine``'s load for an attempt of ``d`` and claim its blocks there."""
+    def acquire(self, d: Decision, engine: str, now: float, *, prefills: bool = True) -> Lease:
+        """Take ``engine``'s load for an attempt of ``d`` and claim its blocks there;
+        ``prefills`` False: its KV cache arrives from a prefill engine (nothing to prefill)."""
         x = d.inputs
-        tokens = x.uncached(x.candidates.index(engine)) if engine in x.candidates else 0
+        tokens = (
+            x.uncached(x.candidates.index(engine)) if prefills and engine in x.candidates else 0
+        )
         held = self.index.overlap(engine, d.keys, now)
         # It claims the blocks it adds and the provisional ones it relies on, so that a
         # sibling attempt's failure cannot take blocks from under it (or leave a hole in its

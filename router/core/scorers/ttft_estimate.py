@@ -27,24 +27,21 @@ def parse(f: Fields) -> Params:
     return read_params(Params, f)
 
 
-def score(p: Params, x: Inputs) -> list[float]:
-    """Estimated time to first token, in prefill tokens, from everything that delays it.
+def costs(p: Params, x: Inputs) -> list[float]:
+    """Per candidate, the prefill tokens that stand between this request and its first token.
 
-    Per candidate: the uncached prompt tokens queued on it (sent by the routers, not yet
-    prefilled: a request's prompt stops counting at its first byte), this
-    prompt's uncached part, ``wait_tokens`` per batch slot it would wait for inside the engine
-    and ``running_tokens`` per request in its batch (both engine-reported where fresh), with the
-    cached overlap discounted linearly from full at ``kv_pressure`` KV use to none at a full
-    cache. 1 for the cheapest candidate, falling linearly to 0 at the dearest. A hot prefix
-    stays on its engines while the prefill it saves exceeds their queues, and spreads (one
-    extra prefill) once they are saturated.
+    The uncached prompt tokens queued on it (sent by the routers, not yet prefilled: a
+    request's prompt stops counting at its first byte), this prompt's uncached part,
+    ``wait_tokens`` per batch slot it would wait for inside the engine and ``running_tokens``
+    per request in its batch (both engine-reported where fresh), with the cached overlap
+    discounted linearly from full at ``kv_pressure`` KV use to none at a full cache.
     """
     n = len(x.candidates)
     pt, bt = x.prompt_tokens, x.block_tokens
     waiting = x.waiting or [0] * n
     usage = x.kv_usage or [0.0] * n
     wt, rt, knee = p.wait_tokens, p.running_tokens, p.kv_pressure
-    costs = []
+    out = []
     # Runs for every scored candidate of every request: conditionals, not max() calls.
     for o, queued, r, w, u in zip(
         x.scored_overlaps, x.tokens, x.requests, waiting, usage, strict=True
@@ -54,11 +51,20 @@ def score(p: Params, x: Inputs) -> list[float]:
             cached = int(cached * (1.0 - u if u < 1.0 else 0.0) / (1.0 - knee))
         uncached = pt - cached if pt > cached else 0
         running = r - w if r > w else 0
-        costs.append(queued + uncached + wt * w + rt * running)
-    top = max(costs, default=0)
+        out.append(float(queued + uncached + wt * w + rt * running))
+    return out
+
+
+def score(p: Params, x: Inputs) -> list[float]:
+    """Estimated time to first token (``costs``): 1 for the cheapest candidate, falling
+    linearly to 0 at the dearest. A hot prefix stays on its engines while the prefill it saves
+    exceeds their queues, and spreads (one extra prefill) once they are saturated.
+    """
+    c = costs(p, x)
+    top = max(c, default=0)
     if top <= 0:
-        return [1.0] * n
-    return [1.0 - c / top for c in costs]
+        return [1.0] * len(c)
+    return [1.0 - v / top for v in c]
 
 
 TYPE = ScorerType(NAME, Params, parse, score)

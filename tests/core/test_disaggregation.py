@@ -1,0 +1,154 @@
+"""Prefill/decode disaggregation: the path each request takes, priced by the link."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from router.core.decision import RoutingCore
+from router.core.disaggregation import (
+    DEFAULT_KV_BYTES_PER_TOKEN,
+    DisaggSettings,
+    ModelShape,
+    Role,
+    decide,
+)
+from router.core.load import EngineReport
+from router.presets import preset_path
+from router.yaml_files import load_policy
+
+ROLES: dict[str, Role] = {"p1": "prefill", "p2": "prefill", "d1": "decode", "d2": "decode"}
+ENGINES = list(ROLES)
+# ~4,000 tokens at four characters per token.
+LONG = "the quick brown fox jumps over the lazy dog " * 360
+
+
+def core() -> RoutingCore:
+    r = RoutingCore(load_policy(preset_path("kv-aware")))
+    r.set_engines(dict.fromkeys(ENGINES, 1))
+    return r
+
+
+def body(prompt: str) -> dict[str, Any]:
+    return {"model": "m", "prompt": prompt}
+
+
+def busy(r: RoutingCore, engine: str, running: int, now: float = 0.0) -> None:
+    """``engine`` reports ``running`` sequences in its batch (decoding)."""
+    r.loads.engine_report(engine, EngineReport(running=running, waiting=0, kv_usage=0.1), now)
+
+
+def test_the_arithmetic_users_quote() -> None:
+    # 80 layers, 8 KV heads, 128 dims, FP16: 327,680 bytes a token; 4,000 tokens: 1.31 GB.
+    shape = ModelShape(layers=80, kv_heads=8, head_dim=128)
+    assert shape.kv_bytes_per_token == 327_680
+    s = DisaggSettings(kv_bytes_per_token=shape.kv_bytes_per_token, link_gbps=400)
+    assert s.transfer_bytes(4000) == 1_310_720_000
+    # 2.6 GB over ~50 GB/s (400 Gbps): 52 ms; over 25 Gbps it is 0.84 s.
+    assert s.transfer_seconds(8000) == pytest.approx(0.0524, rel=1e-3)
+    assert DisaggSettings(kv_bytes_per_token=327_680, link_gbps=25).transfer_seconds(
+        8000
+    ) == pytest.approx(0.839, rel=1e-3)
+    assert DEFAULT_KV_BYTES_PER_TOKEN == 131_072
+
+
+def test_a_long_new_prompt_splits_over_a_fast_link() -> None:
+    r = core()
+    busy(r, "d1", 8)
+    busy(r, "d2", 8)
+    d = decide(r, body(LONG), ROLES, ENGINES, 1.0, DisaggSettings(link_gbps=400))
+    assert d.path == "split" and d.why == "split-cheaper"
+    assert d.engine in ("d1", "d2") and d.prefill_engine in ("p1", "p2")
+    assert d.split_seconds is not None and d.whole_seconds is not None
+    assert d.split_seconds < d.whole_seconds
+    assert d.transfer_tokens == d.decode.inputs.prompt_tokens  # type: ignore[union-attr]
+    out = d.explain()
+    assert out["path"] == "split" and out["transfer"]["bytes"] == d.transfer_bytes
+    assert out["decode"]["engine"] == d.engine and out["prefill"]["engine"] == d.prefill_engine
+
+
+def test_a_slow_link_keeps_the_request_whole() -> None:
+    r = core()
+    busy(r, "d1", 8)
+    busy(r, "d2", 8)
+    s = DisaggSettings(link_gbps=1, protocol="sglang")  # a prefill server cannot answer alone
+    d = decide(r, body(LONG), ROLES, ENGINES, 1.0, s)
+    assert d.path == "whole" and d.engine in ("d1", "d2") and d.why == "whole-cheaper"
+    assert d.split_seconds is not None and d.whole_seconds is not None
+    assert d.split_seconds > d.whole_seconds
+
+
+def test_a_slow_link_with_vllm_lets_an_idle_prefill_engine_answer_whole() -> None:
+    r = core()
+    busy(r, "d1", 8)
+    busy(r, "d2", 8)
+    d = decide(r, body(LONG), ROLES, ENGINES, 1.0, DisaggSettings(link_gbps=1))
+    assert d.path == "whole" and d.engine in ("p1", "p2")
+    assert d.why == "prefill-engine-cheaper"
+    assert d.decision is d.prefill
+
+
+def test_a_follow_up_turn_stays_where_its_conversation_lives() -> None:
+    r = core()
+    busy(r, "d1", 8)
+    busy(r, "d2", 8)
+    first = decide(r, body(LONG), ROLES, ENGINES, 0.0, DisaggSettings(link_gbps=400))
+    assert first.path == "split" and first.decode is not None and first.engine is not None
+    lease = r.acquire(first.decode, first.engine, 0.0, prefills=False)
+    r.record(lease, 0.0)
+    r.release(lease)
+    then = decide(r, body(LONG + " and a short reply"), ROLES, ENGINES, 1.0, DisaggSettings())
+    assert then.path == "whole" and then.engine == first.engine
+    assert then.why == "few-new-tokens" and then.transfer_tokens < 256
+
+
+def test_an_idle_decode_engine_is_not_charged_a_stall() -> None:
+    # Nothing decodes beside it: over a slow link the local prefill is simply quicker.
+    r = core()
+    d = decide(r, body(LONG), ROLES, ENGINES, 1.0, DisaggSettings(link_gbps=10))
+    assert d.path == "whole" and d.engine in ("d1", "d2")
+
+
+def test_roles_missing_a_pool() -> None:
+    r = core()
+    only_decode = decide(r, body(LONG), ROLES, ["d1", "d2"], 1.0, DisaggSettings())
+    assert only_decode.path == "whole" and only_decode.why == "no-prefill-engine"
+    only_prefill = decide(r, body(LONG), ROLES, ["p1"], 1.0, DisaggSettings())
+    assert only_prefill.engine == "p1" and only_prefill.why == "no-decode-engine"
+    sglang = decide(r, body(LONG), ROLES, ["p1"], 1.0, DisaggSettings(protocol="sglang"))
+    assert sglang.engine is None and sglang.decision is not None
+
+
+def test_a_both_engine_is_never_its_own_prefill_engine() -> None:
+    r = core()
+    roles: dict[str, Role] = {"x": "both"}
+    d = decide(r, body(LONG), roles, ["x"], 1.0, DisaggSettings(link_gbps=900 * 8))
+    assert d.path == "whole" and d.engine == "x" and d.prefill_engine is None
+
+
+def test_a_split_decode_lease_charges_no_prefill() -> None:
+    r = core()
+    d = decide(r, body(LONG), ROLES, ENGINES, 1.0, DisaggSettings(link_gbps=400))
+    assert d.decode is not None and d.engine is not None
+    lease = r.acquire(d.decode, d.engine, 1.0, prefills=False)
+    assert lease.tokens == 0
+    assert r.loads.tokens([d.engine]) == [0]
+    r.release(lease)
+    assert r.outstanding == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"protocol": "grpc"},
+        {"link_gbps": 0},
+        {"kv_bytes_per_token": 0},
+        {"stay_below_tokens": -1},
+        {"decode_stall_weight": -0.5},
+        {"prefill_tokens_per_s": 0},
+    ],
+)
+def test_settings_refuse_nonsense(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        DisaggSettings(**kwargs)
