@@ -54,6 +54,7 @@ WHYS = (
     "split-cheaper",
     "whole-cheaper",
     "prefill-engine-cheaper",  # whole on the prefill engine (slow link, idle prefill pool)
+    "protocol-splits",  # the decode engine takes only split requests (SGLang's decode servers)
 )
 
 
@@ -100,11 +101,11 @@ class DisaggSettings:
         if self.decode_stall_weight < 0:
             raise ValueError("decode_stall_weight must be >= 0")
 
-    @property
-    def prefill_serves_whole(self) -> bool:
-        """A prefill engine answers a plain request by itself (vLLM's connectors; SGLang's
-        prefill servers need a decode server on the other end of every request)."""
-        return self.protocol == "vllm"
+    def serves_whole(self, role: Role) -> bool:
+        """An engine of ``role`` answers a plain request by itself: any engine with vLLM's
+        connectors; with SGLang's only a ``both`` engine (its prefill and decode servers
+        need the other side of every request)."""
+        return self.protocol == "vllm" or role == "both"
 
     def transfer_bytes(self, tokens: int) -> int:
         return max(0, tokens) * self.kv_bytes_per_token
@@ -225,9 +226,7 @@ def choose(
     rate = settings.prefill_tokens_per_s
     d_engine = dd.engine if dd is not None else None
     p_engine = pd.engine if pd is not None else None
-    p_whole_ok = p_engine is not None and (
-        settings.prefill_serves_whole or roles.get(p_engine, "both") == "both"
-    )
+    p_whole_ok = p_engine is not None and settings.serves_whole(roles.get(p_engine, "both"))
     p_cost = p_whole = None
     if pd is not None and p_engine is not None:
         cost, uncached, running = _estimate(pd, p_engine, params)
@@ -244,10 +243,17 @@ def choose(
     cost, lacks, running = _estimate(dd, d_engine, params)
     stall = settings.decode_stall_weight * lacks if running else 0.0
     whole = (cost + stall) / rate
+    d_whole_ok = settings.serves_whole(roles.get(d_engine, "both"))
     if p_cost is None:
-        return _whole(d_engine, "no-prefill-engine", dd, pd, whole, None, None, settings, lacks)
+        engine = d_engine if d_whole_ok else None
+        return _whole(engine, "no-prefill-engine", dd, pd, whole, None, None, settings, lacks)
     move = settings.transfer_seconds(lacks)
     split = p_cost + move
+    if not d_whole_ok:
+        return Disaggregated(
+            "split", d_engine, p_engine, "protocol-splits", dd, pd, None, split, p_whole,
+            lacks, settings.transfer_bytes(lacks), move,
+        )  # fmt: skip
     if lacks < settings.stay_below_tokens:
         return _whole(d_engine, "few-new-tokens", dd, pd, whole, split, p_whole, settings, lacks)
     # Split when it beats the decode engine's own prefill. When it does not pay, the

@@ -72,11 +72,21 @@ def test_a_slow_link_keeps_the_request_whole() -> None:
     r = core()
     busy(r, "d1", 8)
     busy(r, "d2", 8)
+    roles: dict[str, Role] = {**ROLES, "d1": "both", "d2": "both"}
     s = DisaggSettings(link_gbps=1, protocol="sglang")  # a prefill server cannot answer alone
-    d = decide(r, body(LONG), ROLES, ENGINES, 1.0, s)
+    d = decide(r, body(LONG), roles, ENGINES, 1.0, s)
     assert d.path == "whole" and d.engine in ("d1", "d2") and d.why == "whole-cheaper"
     assert d.split_seconds is not None and d.whole_seconds is not None
     assert d.split_seconds > d.whole_seconds
+
+
+def test_sglang_decode_servers_take_only_split_requests() -> None:
+    r = core()
+    s = DisaggSettings(link_gbps=1, protocol="sglang")
+    d = decide(r, body(LONG), ROLES, ENGINES, 1.0, s)
+    assert d.path == "split" and d.why == "protocol-splits" and d.prefill_engine in ("p1", "p2")
+    alone = decide(r, body(LONG), ROLES, ["d1"], 1.0, s)
+    assert alone.engine is None and alone.why == "no-prefill-engine"
 
 
 def test_a_slow_link_with_vllm_lets_an_idle_prefill_engine_answer_whole() -> None:
