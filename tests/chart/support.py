@@ -141,6 +141,8 @@ ROUTER_CONFIG_KEYS = frozenset(
         "route_headers",
     }
 )
+# Sections the config has only where their feature is on: the prefill/decode pools' settings.
+ROUTER_OPTIONAL_CONFIG_KEYS = frozenset({"disaggregation"})
 # The presets the chart ships: the router's own (tests check that the files are the same bytes).
 POLICY_PRESETS = presets.NAMES
 

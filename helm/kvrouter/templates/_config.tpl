@@ -12,9 +12,18 @@ camelCase; the file's keys are the router's snake_case names.
 {{- $static = append $static (dict "url" . "kind" $kind) }}
 {{- end }}
 {{- end }}
+{{- $pools := include "kvrouter.pools" . | fromJson }}
+{{- $static = concat $static $pools.static }}
 {{- $backends := dict "static" $static "models_refresh_seconds" ($r.backends.modelsRefreshSeconds | int) }}
+{{- $dns := list }}
 {{- if $r.backends.dns.name }}
-{{- $_ := set $backends "dns" (dict "name" $r.backends.dns.name "port" ($r.backends.dns.port | int) "scheme" $r.backends.dns.scheme "interval_seconds" ($r.backends.dns.intervalSeconds | int) "kind" $kind) }}
+{{- $dns = list (dict "name" $r.backends.dns.name "port" ($r.backends.dns.port | int) "scheme" $r.backends.dns.scheme "interval_seconds" ($r.backends.dns.intervalSeconds | int) "kind" $kind) }}
+{{- end }}
+{{- /* One DNS name stays a mapping, as the router has always read it; pools make a list. */}}
+{{- if $pools.dns }}
+{{- $_ := set $backends "dns" (concat $dns $pools.dns) }}
+{{- else if $dns }}
+{{- $_ := set $backends "dns" (first $dns) }}
 {{- end }}
 {{- $kv := $r.backends.kvEvents }}
 {{- if $kv.port }}
@@ -102,6 +111,9 @@ camelCase; the file's keys are the router's snake_case names.
     "secret_env" "KVROUTER_GOSSIP_SECRET"
     "tls" $tls)
 }}
+{{- with $pools.disaggregation }}
+{{- $_ := set $config "disaggregation" . }}
+{{- end }}
 {{- if include "kvrouter.epp" . }}
 {{- $_ := set $config "epp" (dict "port" (.Values.epp.port | int) "proxy" .Values.epp.proxy) }}
 {{- end }}
