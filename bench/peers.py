@@ -47,16 +47,23 @@ SGLANG = Peer("SGLang's router", "sglang_router.launch_router")
 SMG = Peer("SMG", "smg.launch_router", ("--disable-worker-overload-protection",))
 
 
-def start_peer(peer: Peer, workers: Sequence[str], policy: str, tmp: Path) -> Proc:
+def start_peer(
+    peer: Peer,
+    workers: Sequence[str],
+    policy: str,
+    tmp: Path,
+    worker_flags: Sequence[str] | None = None,
+) -> Proc:
     """``peer`` with ``policy`` in front of ``workers``; returns once all are healthy.
 
+    ``worker_flags`` replace ``--worker-urls WORKERS`` (SMG's ``--pd-disaggregation`` pools).
     Its Prometheus exporter is kept on loopback too, its per-request INFO logging is off (as
     kvrouter's is at ``--log-level warning``), and a short shutdown grace keeps stopping quick.
     """
     port = free_port()
     log = tmp / f"{peer.module.split('.')[0]}-{policy}-{port}.log"
     flags = [
-        "--worker-urls", *workers,
+        *(["--worker-urls", *workers] if worker_flags is None else worker_flags),
         "--policy", policy,
         "--prometheus-host", LOOPBACK, "--prometheus-port", str(free_port()),
         "--log-level", "warn",
