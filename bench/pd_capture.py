@@ -6,12 +6,12 @@ every request's method, path, headers and raw body, and answer as the engines do
 protocol the prefill engine's one-token answer carries ``kv_transfer_params`` (what vLLM's NIXL
 connector returns when a prefill finishes) and the decode engine answers an ordinary completion,
 streamed when asked; under SGLang's both answer ordinary completions, and the registration
-paths a gateway reads (``/server_info``, ``/model_info``, ``/v1/models``, ``/health``). The
-client's requests (chat and completions, streamed and not, with ``max_completion_tokens``,
-``stream_options`` and ``min_tokens``) go through each proxy, and for each (protocol, route,
-stream) the tool writes ``<out>/<protocol>-<route>-<stream>.json``:
+paths a gateway reads (``/server_info``, ``/model_info``, ``/v1/models``, ``/health``).
+OpenAI's Python SDK sends the client's requests through each proxy: chat and completions,
+streamed and not, with ``max_completion_tokens``, ``stream_options`` and ``min_tokens``. For
+each (protocol, route, stream) the tool writes ``<out>/<protocol>-<route>-<stream>.json``:
 
-- ``client``: the request the client sent;
+- ``client``: the request the client sent, as the SDK serialised it;
 - ``prefill`` and ``decode``: what reached each engine, the body as the proxy serialised it
   (key order kept), ``headers`` the protocol's own (``x-request-id``), ``other_headers`` the
   rest in the order sent (all but Host and Content-Length);
@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 from aiohttp import web
 
 from router.commands.fleet import Proc, running, start, wait_ready
@@ -87,25 +88,32 @@ KV_TRANSFER_ANSWER: dict[str, Any] = {
 REGISTRATION_PATHS = frozenset({"/health", "/v1/models", "/server_info", "/model_info"})
 
 
-def client_body(route: str, stream: bool) -> dict[str, Any]:
-    """The client's request: chat with ``max_completion_tokens`` (the OpenAI SDK's spelling),
-    completions with ``max_tokens``; both with ``min_tokens``, and ``stream_options`` streamed."""
-    body: dict[str, Any] = {"model": MODEL}
-    if route == "chat":
-        body["messages"] = [
-            {"role": "system", "content": "You are a careful assistant."},
-            {"role": "user", "content": "Name three prime numbers."},
-        ]
-        body["max_completion_tokens"] = 8
-    else:
-        body["prompt"] = "Three prime numbers are"
-        body["max_tokens"] = 8
-    body["min_tokens"] = 2
-    body["temperature"] = 0
-    body["stream"] = stream
+async def send_as_the_sdk(base_url: str, route: str, stream: bool) -> None:
+    """The client's request, sent by OpenAI's Python SDK as an application would: chat with
+    ``max_completion_tokens`` (the SDK's spelling), completions with ``max_tokens``, both with
+    ``min_tokens`` (an engine's extension, through ``extra_body``) and ``temperature`` 0;
+    streamed with ``stream_options``, not streamed without ``stream`` (the SDK then leaves it
+    out). Streams are read to their end."""
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="client-key", max_retries=0)
+    common: dict[str, Any] = {"model": MODEL, "temperature": 0, "extra_body": {"min_tokens": 2}}
     if stream:
-        body["stream_options"] = {"include_usage": True}
-    return body
+        common |= {"stream": True, "stream_options": {"include_usage": True}}
+    async with client:
+        if route == "chat":
+            messages: list[Any] = [
+                {"role": "system", "content": "You are a careful assistant."},
+                {"role": "user", "content": "Name three prime numbers."},
+            ]
+            answer: Any = await client.chat.completions.create(
+                messages=messages, max_completion_tokens=8, **common
+            )
+        else:
+            answer = await client.completions.create(
+                prompt="Three prime numbers are", max_tokens=8, **common
+            )
+        if stream:
+            async for _ in answer:
+                pass
 
 
 # --- the capturing engines -------------------------------------------------------------------
@@ -318,14 +326,6 @@ async def _wait_registered(proxy: Proc, path: str) -> None:
     raise TimeoutError(f"{proxy.name}: both engines not healthy after {READY_SECONDS} s")
 
 
-async def _send(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> bytes:
-    async with session.post(url, json=body) as r:
-        answer = await r.read()
-        if r.status != 200:
-            raise RuntimeError(f"{url}: {r.status} {answer[:500]!r}")
-        return answer
-
-
 async def _one_post(engine: CaptureEngine) -> Recorded:
     deadline = time.monotonic() + CAPTURE_SECONDS
     while not engine.posts():
@@ -344,10 +344,19 @@ async def capture(peer: Peer, tmp: Path) -> dict[str, dict[str, Any]]:
         CaptureEngine("prefill", peer.protocol),
         CaptureEngine("decode", peer.protocol),
     )
-    async with serving(prefill) as p_url, serving(decode) as d_url, bootstrap_listener():
+    # The client's requests are also sent straight to an engine of their own, which records
+    # them as the SDK serialised them.
+    client = CaptureEngine("client", "")
+    async with (
+        serving(prefill) as p_url,
+        serving(decode) as d_url,
+        serving(client) as c_url,
+        bootstrap_listener(),
+    ):
         workdir = Path(tempfile.mkdtemp(prefix=f"{peer.protocol}-", dir=tmp))
         argv = peer.argv(p_url, d_url)
         log = workdir / "proxy.log"
+        sent = {}
         with running() as procs:
             procs.append(
                 start(
@@ -355,16 +364,15 @@ async def capture(peer: Peer, tmp: Path) -> dict[str, dict[str, Any]]:
                 )
             )
             await _wait_registered(procs[0], peer.ready_path)
-            sent = {}
-            async with aiohttp.ClientSession() as session:
-                for route, path in ROUTES.items():
-                    for stream_name, stream in STREAMS.items():
-                        prefill.records.clear()
-                        decode.records.clear()
-                        body = client_body(route, stream)
-                        await _send(session, procs[0].url + path, body)
-                        name = f"{peer.protocol}-{route}-{stream_name}.json"
-                        sent[name] = (path, body, await _one_post(prefill), await _one_post(decode))
+            for route, path in ROUTES.items():
+                for stream_name, stream in STREAMS.items():
+                    for e in (prefill, decode, client):
+                        e.records.clear()
+                    await send_as_the_sdk(c_url, route, stream)
+                    await send_as_the_sdk(procs[0].url, route, stream)
+                    body = json.loads((await _one_post(client)).body)
+                    name = f"{peer.protocol}-{route}-{stream_name}.json"
+                    sent[name] = (path, body, await _one_post(prefill), await _one_post(decode))
     probes = {e.role: sorted(e.probes) for e in (prefill, decode)}
     return {name: fixture(peer, *one, probes) for name, one in sent.items()}
 
