@@ -50,6 +50,12 @@ def test_pools_static_engines_written_with_their_roles() -> None:
     assert "dns" not in config["backends"]
 
 
+def test_pools_model_shape_passed_to_the_router_as_its_model_section() -> None:
+    section = render(_values(VLLM_POOLS, {"model": LLAMA_70B})).router_config()["disaggregation"]
+    assert section["model"] == {"layers": 80, "kv_heads": 8, "head_dim": 128, "bytes_per_value": 2}
+    assert "kv_bytes_per_token" not in section
+
+
 def test_pools_static_engines_load_with_their_roles() -> None:
     engines = _loaded(_values(VLLM_POOLS)).engines
     assert engines.role_of("http://prefill-1.prefill:8000") == "prefill"
@@ -93,11 +99,12 @@ def test_pools_sglang_scenario_loads_with_roles_bootstrap_port_and_settings() ->
     settings = config.disaggregation
     assert (settings.protocol, settings.link_gbps) == ("sglang", 400)
     assert settings.kv_bytes_per_token == LLAMA_70B_BYTES
-    raw = rendered("disaggregated").router_config()["backends"]["dns"]
-    assert [(d["role"], d.get("bootstrap_port"), d["kind"]) for d in raw] == [
-        ("prefill", 8998, "sglang"),
-        ("decode", None, "sglang"),
-    ]
+    engines, address = config.engines, "http://10.0.0.7:30000"
+    prefill, decode = (f"dns:{d.name}" for d in engines.dns)
+    assert prefill == f"dns:sglang-prefill-headless.{NAMESPACE}.svc.{CLUSTER_DOMAIN}"
+    assert [engines.role_of(address, s) for s in (prefill, decode)] == ["prefill", "decode"]
+    assert [engines.bootstrap_port_of(address, s) for s in (prefill, decode)] == [8998, None]
+    assert [engines.kind_of(address, s) for s in (prefill, decode)] == ["sglang", "sglang"]
 
 
 def test_pools_sglang_static_prefill_engine_carries_its_bootstrap_port() -> None:
@@ -142,7 +149,7 @@ def test_pools_absent_config_has_no_disaggregation_and_one_dns_mapping() -> None
     config = render(_values({"dns": both}, {"protocol": "sglang"})).router_config()
     assert "disaggregation" not in config
     assert config["backends"]["dns"]["name"] == "vllm-headless"
-    assert _loaded(_values({"dns": both})).disaggregation is None
+    assert not _loaded(_values({"dns": both})).engines.disaggregated
 
 
 def test_pools_only_no_warning_about_missing_engines() -> None:

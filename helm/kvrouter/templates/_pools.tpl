@@ -48,7 +48,7 @@ port. Empty pools give empty lists and no disaggregation section.
 {{- else if $d.kvBytesPerToken }}
 {{- $_ := set $section "kv_bytes_per_token" ($d.kvBytesPerToken | int) }}
 {{- else if and (index $shape 0) (index $shape 1) (index $shape 2) }}
-{{- $_ := set $section "kv_bytes_per_token" (mul 2 (index $shape 0) (index $shape 1) (index $shape 2) ($m.bytesPerValue | int)) }}
+{{- $_ := set $section "model" (dict "layers" (index $shape 0) "kv_heads" (index $shape 1) "head_dim" (index $shape 2) "bytes_per_value" ($m.bytesPerValue | int)) }}
 {{- else if or (index $shape 0) (index $shape 1) (index $shape 2) }}
 {{- fail (printf "router.disaggregation.model needs layers, kvHeads and headDim together (got %d, %d, %d)" (index $shape 0) (index $shape 1) (index $shape 2)) }}
 {{- end }}
