@@ -17,9 +17,10 @@ arrival times divided by ``--speedup``, the engines that much faster, outputs di
 ``--output-scale`` and the decode rate with them (bench.quality's hotspot settings, scaled to
 the fleet). Reported per router, at the client: TTFT p50 and p99, TPOT p50 (the stream's time
 after its first token over the tokens after the first); from the engines' own /stats: the
-prefix-cache hit ratio over every engine, and each pool's share of requests; the router's CPU
-per request and failures. The goal line sets kvrouter's TTFT p99 against SMG's (0.8x or less)
-with its TPOT p50 and hit ratio no worse.
+prefix-cache hit ratio over every engine and per pool (a decode engine counts as cached what
+it held before the transfer), the KV tokens moved to decode engines, and each pool's
+requests; the router's CPU per request and failures. The goal line sets kvrouter's TTFT p99
+against SMG's (0.8x or less) with its TPOT p50 and hit ratio no worse.
 
     python -m bench.pd_live [--prefill 2] [--decode 2] [--requests 600] [--rate 4]
         [--speedup 3] [--output-scale 8] [--link-gbps 100] [--kv-bytes-per-token B]
@@ -68,10 +69,18 @@ HEAD = [
     "TTFT p99 ms",
     "TPOT p50 ms",
     "hit ratio",
+    "hit prefill / decode",
+    "KV moved, M tokens",
     "requests prefill / decode",
     "router CPU ms/req",
     "failures",
 ]
+
+
+def hit_ratio(stats: Sequence[Any]) -> float:
+    """The engines' cached prompt tokens over their prompt tokens (GET /stats)."""
+    prompt = sum(s["prompt_tokens"] for s in stats)
+    return sum(s["cached_tokens"] for s in stats) / prompt if prompt else 0.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -138,6 +147,7 @@ def kvrouter_config(fleet: Fleet, args: argparse.Namespace) -> str:
         "protocol": "sglang",
         "link_gbps": args.link_gbps,
         "kv_bytes_per_token": args.kv_bytes_per_token,
+        "prefill_tokens_per_s": EngineSpec().prefill_tokens_per_s * args.speedup,
     }
     # JSON is YAML: the config file as the router reads it.
     return orjson.dumps({"engines": {"static": static}, "disaggregation": section}).decode()
@@ -270,13 +280,13 @@ class Row:
 
     @property
     def hit_ratio(self) -> float:
-        prompt = sum(s["prompt_tokens"] for s in self.stats)
-        return sum(s["cached_tokens"] for s in self.stats) / prompt if prompt else 0.0
+        return hit_ratio(self.stats)
 
     def cells(self) -> list[str]:
         rep, n = self.replay, len(self.replay.ttfts)
         pools = (self.stats[: self.prefill_engines], self.stats[self.prefill_engines :])
         share = " / ".join(str(sum(int(s["requests"]) for s in pool)) for pool in pools)
+        moved = sum(int(s.get("transferred_tokens", 0)) for s in self.stats)
         failed = sum(rep.failures.values())
         return [
             self.router,
@@ -284,6 +294,8 @@ class Row:
             f"{percentile(rep.ttfts, 99) * 1000:.0f}",
             f"{percentile(rep.tpots, 50) * 1000:.1f}",
             f"{self.hit_ratio:.3f}",
+            " / ".join(f"{hit_ratio(pool):.3f}" for pool in pools),
+            f"{moved / 1e6:.2f}",
             share,
             f"{self.cpu_seconds * 1000 / max(1, n):.2f}",
             str(failed) + (f" {rep.failures}" if failed else ""),
