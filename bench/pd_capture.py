@@ -20,23 +20,27 @@ each (protocol, route, stream) the tool writes ``<out>/<protocol>-<route>-<strea
 
 Values that vary per request are written as ``<request-id>``, ``<room>`` and ``<host>``.
 
-The proxies, each run from a scratch folder and given nothing but the two engines:
+The proxies (bench.pd_proxies), each run from a scratch folder and given nothing but the two
+engines, and where their fixtures go:
 
-- vLLM: its NIXL/P2P toy proxy, ``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``
-  in vllm-project/vllm (a file, not a package: save it anywhere; it needs fastapi, httpx and
-  uvicorn). ``OPENAI_API_KEY`` is left unset, as in vLLM's own tests.
-- SGLang: SMG (``smg.launch_router --pd-disaggregation --prefill URL BOOTSTRAP_PORT --decode
-  URL``); with ``--sglang-router-python``, also sglang-router's PD mode, written under
-  ``<out>/sglang-router/``.
+- vLLM's NIXL/P2P toy proxy, ``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``
+  in vllm-project/vllm: ``<out>/vllm-*.json``;
+- SGLang's mini load balancer, ``python/sglang/srt/disaggregation/mini_lb.py`` in
+  sgl-project/sglang: ``<out>/sglang-*.json`` (SGLang's own reference for the protocol: the
+  client's body with the three bootstrap fields added);
+- SMG (``smg.launch_router --pd-disaggregation --prefill URL BOOTSTRAP_PORT --decode URL``):
+  ``<out>/smg/sglang-*.json``; with ``--sglang-router-python``, sglang-router's PD mode too:
+  ``<out>/sglang-router/sglang-*.json``.
 
-To regenerate the fixtures::
+To regenerate the fixtures (the two proxy files saved anywhere, ``--*-commit`` naming the
+commits they came from, for the fixtures' ``source``)::
 
-    python -m venv PEERS && PEERS/bin/pip install 'smg==1.13.*' fastapi httpx uvicorn
+    python -m venv PEERS
+    PEERS/bin/pip install 'smg==1.13.*' fastapi httpx uvicorn aiohttp orjson
     python -m bench.pd_capture --peers-python PEERS/bin/python \\
         --vllm-proxy DIR/toy_proxy_server.py --vllm-commit COMMIT \\
+        --mini-lb DIR/mini_lb.py --mini-lb-commit COMMIT \\
         [--sglang-router-python SR/bin/python] [--out tests/fixtures/pd]
-
-``--vllm-commit`` names the vLLM commit the proxy file came from, for the fixtures' ``source``.
 """
 
 from __future__ import annotations
@@ -46,30 +50,31 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import openai
 from aiohttp import web
 
-from router.commands.fleet import Proc, running, start, wait_ready
+from bench.pd_proxies import (
+    BOOTSTRAP_PORT,
+    Peer,
+    mini_lb_peer,
+    sglang_peer,
+    vllm_peer,
+    wait_registered,
+)
+from router.commands.fleet import running, start
 from router.hostport import LOOPBACK, free_port
 
 ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 STREAMS = {"stream": True, "nostream": False}
 MODEL = "sim-model"
-# The prefill engine's bootstrap port as the SGLang proxies are told it: a fixed number, so
-# the fixtures can carry it as is. A listener there lets SMG's registration probe connect.
-BOOTSTRAP_PORT = 8998
-READY_SECONDS = 60.0
 CAPTURE_SECONDS = 10.0
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "pd"
 TRANSPORT_HEADERS = frozenset({"host", "content-length"})
@@ -85,7 +90,6 @@ KV_TRANSFER_ANSWER: dict[str, Any] = {
     "remote_port": 5600,
     "tp_size": 1,
 }
-REGISTRATION_PATHS = frozenset({"/health", "/v1/models", "/server_info", "/model_info"})
 
 
 async def send_as_the_sdk(base_url: str, route: str, stream: bool) -> None:
@@ -250,82 +254,6 @@ async def bootstrap_listener() -> AsyncIterator[None]:
         yield
 
 
-# --- the proxies -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Peer:
-    """One proxy: its protocol, its ``source`` line, the folder its fixtures go to, and its
-    command line in front of two engines (``--host`` and ``--port`` follow)."""
-
-    protocol: str
-    source: str
-    folder: str
-    argv: Callable[[str, str], list[str]]
-    ready_path: str
-    env: dict[str, str] | None = None
-
-
-def _host_port(url: str) -> tuple[str, str]:
-    host, _, port = url.removeprefix("http://").rpartition(":")
-    return host, port
-
-
-def vllm_peer(python: str, proxy: Path, commit: str) -> Peer:
-    def argv(prefill: str, decode: str) -> list[str]:
-        (ph, pp), (dh, dp) = _host_port(prefill), _host_port(decode)
-        return [
-            python, str(proxy.resolve()), "--prefiller-hosts", ph, "--prefiller-ports", pp,
-            "--decoder-hosts", dh, "--decoder-ports", dp,
-        ]  # fmt: skip
-
-    where = f"vllm-project/vllm@{commit}" if commit else "vllm-project/vllm"
-    httpx = installed_version(python, "httpx")
-    source = (
-        f"vLLM toy_proxy_server.py (tests/v1/kv_connector/nixl_integration, {where}; httpx {httpx})"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
-    return Peer("vllm", source, ".", argv, "/healthcheck", env)
-
-
-def sglang_peer(python: str, package: str, module: str, folder: str) -> Peer:
-    def argv(prefill: str, decode: str) -> list[str]:
-        return [
-            python, "-m", module, "--pd-disaggregation",
-            "--prefill", prefill, str(BOOTSTRAP_PORT), "--decode", decode,
-            "--policy", "round_robin", "--log-level", "warn",
-            "--prometheus-host", LOOPBACK, "--prometheus-port", str(free_port()),
-        ]  # fmt: skip
-
-    version = installed_version(python, package)
-    return Peer(
-        "sglang", f"{package} {version} ({module} --pd-disaggregation)", folder, argv, "/workers"
-    )
-
-
-def installed_version(python: str, package: str) -> str:
-    """``package``'s version in ``python``'s environment."""
-    code = f"import importlib.metadata as m; print(m.version({package!r}))"
-    done = subprocess.run([python, "-c", code], check=True, capture_output=True, text=True)
-    return done.stdout.strip()
-
-
-async def _wait_registered(proxy: Proc, path: str) -> None:
-    """Until ``GET path`` answers 200 and, for SGLang's gateways, lists both engines healthy."""
-    await asyncio.to_thread(wait_ready, proxy.url + path, proc=proxy, timeout=READY_SECONDS)
-    if path != "/workers":
-        return
-    deadline = time.monotonic() + READY_SECONDS
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            async with session.get(proxy.url + path) as r:
-                workers = (await r.json()).get("workers", [])
-            if sum(1 for w in workers if w.get("is_healthy")) >= 2:
-                return
-            await asyncio.sleep(0.1)
-    raise TimeoutError(f"{proxy.name}: both engines not healthy after {READY_SECONDS} s")
-
-
 async def _one_post(engine: CaptureEngine) -> Recorded:
     deadline = time.monotonic() + CAPTURE_SECONDS
     while not engine.posts():
@@ -363,7 +291,7 @@ async def capture(peer: Peer, tmp: Path) -> dict[str, dict[str, Any]]:
                     argv[1:], log, command=argv[:1], host=LOOPBACK, base_env=peer.env, cwd=workdir
                 )
             )
-            await _wait_registered(procs[0], peer.ready_path)
+            await wait_registered(procs[0], peer.ready_path)
             for route, path in ROUTES.items():
                 for stream_name, stream in STREAMS.items():
                     for e in (prefill, decode, client):
@@ -459,25 +387,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--sglang-router-python", help="an interpreter with sglang-router, to capture it too"
     )
+    p.add_argument("--mini-lb", type=Path, required=True, help="SGLang's mini_lb.py")
+    p.add_argument("--mini-lb-commit", default="", help="the SGLang commit that file is from")
     p.add_argument("--out", type=Path, default=FIXTURES)
     return p.parse_args(argv)
 
 
 async def _main(args: argparse.Namespace) -> None:
-    peers = [
-        vllm_peer(args.peers_python, args.vllm_proxy, args.vllm_commit),
-        sglang_peer(args.peers_python, "smg", "smg.launch_router", "."),
-    ]
-    if args.sglang_router_python:
-        peers.append(
-            sglang_peer(
-                args.sglang_router_python,
-                "sglang-router",
-                "sglang_router.launch_router",
-                "sglang-router",
-            )
-        )
     with tempfile.TemporaryDirectory(prefix="pd-capture-") as tmp:
+        scratch = Path(tmp) / "stand-ins"
+        peers = [
+            vllm_peer(args.peers_python, args.vllm_proxy, args.vllm_commit),
+            mini_lb_peer(args.peers_python, args.mini_lb, args.mini_lb_commit, scratch),
+            sglang_peer(args.peers_python, "smg", "smg.launch_router", "smg"),
+        ]
+        if args.sglang_router_python:
+            router = ("sglang-router", "sglang_router.launch_router", "sglang-router")
+            peers.append(sglang_peer(args.sglang_router_python, *router))
         for peer in peers:
             write(await capture(peer, Path(tmp)), args.out / peer.folder)
 
