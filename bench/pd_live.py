@@ -20,11 +20,12 @@ after its first token over the tokens after the first); from the engines' own /s
 prefix-cache hit ratio over every engine and per pool (a decode engine counts as cached what
 it held before the transfer), the KV tokens moved to decode engines, and each pool's
 requests; the router's CPU per request and failures. The goal line sets kvrouter's TTFT p99
-against SMG's (0.8x or less) with its TPOT p50 and hit ratio no worse.
+against SMG's (0.8x or less) with its TPOT p50 and hit ratio no worse. ``--repeat N`` runs
+each router N times, the order alternating, and pools the runs.
 
     python -m bench.pd_live [--prefill 2] [--decode 2] [--requests 600] [--rate 4]
         [--speedup 3] [--output-scale 8] [--link-gbps 100] [--kv-bytes-per-token B]
-        [--routers kvrouter smg] [--smg-policy cache_aware]
+        [--routers kvrouter smg] [--smg-policy cache_aware] [--repeat 1]
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--kv-bytes-per-token", type=int, default=DEFAULT_KV_BYTES_PER_TOKEN)
     add("--routers", nargs="+", choices=ROUTERS, default=list(ROUTERS))
     add("--smg-policy", default="cache_aware", help="SMG's --policy for both pools")
+    add("--repeat", type=int, default=1, help="runs per router, alternating, pooled (1)")
     return p.parse_args(argv)
 
 
@@ -318,6 +320,27 @@ def measure(name: str, fleet: Fleet, args: argparse.Namespace, tmp: Path, procs:
     return Row(name, rep, stats, len(fleet.prefill), cpu)
 
 
+# The /stats counters the report reads, summed over repeated runs.
+COUNTED = ("requests", "prompt_tokens", "cached_tokens", "transferred_tokens")
+
+
+def pooled(rows: Sequence[Row]) -> Row:
+    """One router's repeated runs as one: every request's timings, the engines' counts summed."""
+    first = rows[0]
+    replay = Replay()
+    for r in rows:
+        replay.ttfts += r.replay.ttfts
+        replay.tpots += r.replay.tpots
+        for why, n in r.replay.failures.items():
+            replay.failures[why] = replay.failures.get(why, 0) + n
+    stats = [
+        {key: sum(int(r.stats[i].get(key, 0)) for r in rows) for key in COUNTED}
+        for i in range(len(first.stats))
+    ]
+    cpu = sum(r.cpu_seconds for r in rows)
+    return Row(first.router, replay, stats, first.prefill_engines, cpu)
+
+
 def goal(rows: Sequence[Row]) -> str:
     """kvrouter's TTFT p99 against SMG's, with the TPOT p50 and hit ratio beside."""
     by = {r.router: r for r in rows}
@@ -343,7 +366,8 @@ def report(args: argparse.Namespace, rows: Sequence[Row]) -> str:
         f"{spec.prefill_tokens_per_s * args.speedup:,.0f} tokens/s, max batch {spec.max_batch}, "
         f"link {args.link_gbps:g} Gbps, {args.kv_bytes_per_token:,} KV bytes per token; "
         f"hotspot, {args.requests} requests at {args.rate:g} req/s, speedup {args.speedup:g}, "
-        f"outputs / {max(1, args.output_scale)}; SMG --policy {args.smg_policy}.\n\n"
+        f"outputs / {max(1, args.output_scale)}; SMG --policy {args.smg_policy}; "
+        f"{args.repeat} run(s) per router, alternating, pooled.\n\n"
     )
     return head + markdown_table(HEAD, [r.cells() for r in rows]) + "\n" + goal(rows)
 
@@ -355,12 +379,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with tempfile.TemporaryDirectory(prefix="kvrouter-pd-") as tmp, stopping_on_sigterm():
-            rows = []
+            runs: dict[str, list[Row]] = {name: [] for name in args.routers}
             with running([]) as procs:
                 fleet = start_fleet(args, Path(tmp), procs)
-                for name in args.routers:
-                    rows.append(measure(name, fleet, args, Path(tmp), procs))
-            print(report(args, rows), flush=True)
+                for i in range(args.repeat):
+                    # Alternate the order, so that drift in the machine's load hits both alike.
+                    for name in args.routers if i % 2 == 0 else args.routers[::-1]:
+                        runs[name].append(measure(name, fleet, args, Path(tmp), procs))
+            print(report(args, [pooled(rows) for rows in runs.values()]), flush=True)
     except KeyboardInterrupt:
         print("interrupted; every process this bench started is stopped", file=sys.stderr)
         return 130
