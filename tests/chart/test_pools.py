@@ -46,7 +46,13 @@ def test_pools_static_engines_written_with_their_roles() -> None:
         {"role": "prefill", "url": "http://prefill-1.prefill:8000"},
         {"role": "decode", "url": "http://decode-0.decode:8000"},
     ]
-    assert config["disaggregation"] == {"protocol": "vllm", "link_gbps": 100}
+    assert config["disaggregation"] == {
+        "protocol": "vllm",
+        "link_gbps": 100,
+        "prefill_tokens_per_s": 10000,
+        "decider": "cost",
+        "threshold_tokens": 100,
+    }
     assert "dns" not in config["backends"]
 
 
@@ -135,6 +141,19 @@ def test_pools_kv_bytes_per_token_reach_the_router(
     assert config.disaggregation.kv_bytes_per_token == expected
 
 
+def test_pools_chart_defaults_are_the_router_defaults() -> None:
+    from router.core.disaggregation import DisaggSettings
+
+    assert _loaded(_values(VLLM_POOLS)).disaggregation == DisaggSettings()
+
+
+def test_pools_decider_reaches_the_router() -> None:
+    settings = {"decider": "threshold", "thresholdTokens": 512, "prefillTokensPerS": 25000.5}
+    loaded = _loaded(_values(VLLM_POOLS, settings)).disaggregation
+    assert (loaded.decider, loaded.threshold_tokens) == ("threshold", 512)
+    assert loaded.prefill_tokens_per_s == 25000.5
+
+
 def test_pools_unset_kv_bytes_per_token_leaves_the_router_default() -> None:
     from router.core.disaggregation import DEFAULT_KV_BYTES_PER_TOKEN
 
@@ -197,6 +216,8 @@ def test_pools_inconsistent_values_fail_with_reason(values: dict[str, Any], reas
         (_values({}, {"linkGbps": 0}), "/router/disaggregation/linkGbps"),
         (_values({}, {"kvBytesPerToken": -1}), "/router/disaggregation/kvBytesPerToken"),
         (_values({}, {"model": {"heads": 8}}), "heads"),
+        (_values({}, {"decider": "llm-d"}), "/router/disaggregation/decider"),
+        (_values({}, {"prefillTokensPerS": 0}), "/router/disaggregation/prefillTokensPerS"),
     ],
     ids=[
         "static-not-a-url",
@@ -207,6 +228,8 @@ def test_pools_inconsistent_values_fail_with_reason(values: dict[str, Any], reas
         "link-zero",
         "bytes-negative",
         "unknown-shape-key",
+        "unknown-decider",
+        "prefill-rate-zero",
     ],
 )
 def test_pools_schema_bad_value_rejected_naming_the_key(values: dict[str, Any], where: str) -> None:

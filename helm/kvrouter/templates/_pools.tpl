@@ -40,7 +40,7 @@ port. Empty pools give empty lists and no disaggregation section.
 {{- if include "kvrouter.epp" . }}
 {{- fail "router.backends.prefill and router.backends.decode are for mode: proxy; in mode: epp the InferencePool's pods are the engines" }}
 {{- end }}
-{{- $section := dict "protocol" $d.protocol "link_gbps" ($d.linkGbps | float64) }}
+{{- $section := dict "protocol" $d.protocol "link_gbps" ($d.linkGbps | float64) "prefill_tokens_per_s" ($d.prefillTokensPerS | float64) "decider" $d.decider "threshold_tokens" ($d.thresholdTokens | int) }}
 {{- $m := $d.model }}
 {{- $shape := list ($m.layers | int) ($m.kvHeads | int) ($m.headDim | int) }}
 {{- if and $d.kvBytesPerToken (or (index $shape 0) (index $shape 1) (index $shape 2)) }}
