@@ -329,6 +329,7 @@ async def reset(request: web.Request) -> web.Response:
     """POST /reset: empty the cache, the clock and the counters; answer the fresh stats."""
     engine = request.app[ENGINE]
     engine.reset()
+    request.app[DISAGG].held.close()
     request.app[STORE].clear()
     events = request.app.get(EVENTS)
     if events is not None:
