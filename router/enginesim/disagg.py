@@ -248,9 +248,11 @@ class Disagg:
     def _abortable(self, rid: str, close: Callable[[], None]) -> Iterator[None]:
         closers = self._waiting.setdefault(rid, [])
         closers.append(close)
+        self.engine.pd_waiting += 1
         try:
             yield
         finally:
+            self.engine.pd_waiting -= 1
             closers.remove(close)
             if not closers and self._waiting.get(rid) is closers:
                 del self._waiting[rid]

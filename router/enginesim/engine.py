@@ -130,6 +130,9 @@ class Engine:
         # Test hook (POST /load): requests reported waiting on top of the real ones, as if
         # other clients queued them.
         self.extra_waiting = 0
+        # Requests waiting for their KV from (or their decode side at) another engine: queued
+        # like any waiting request (router.enginesim.disagg).
+        self.pd_waiting = 0
         self._ids = itertools.count()
         # The W3C trace contexts the latest generation requests came with, newest last, so a
         # test can see which span a router made the engine's parent.
@@ -178,7 +181,7 @@ class Engine:
         """In-flight requests as (running, waiting): waiting ones have not begun prefill."""
         now = self.now()
         waiting = sum(1 for s in self._inflight.values() if s.prefill_start > now)
-        return len(self._inflight) - waiting, waiting + self.extra_waiting
+        return len(self._inflight) - waiting, waiting + self.extra_waiting + self.pd_waiting
 
     def cache_usage(self) -> float:
         """The share of the KV cache running requests hold, from 0 to 1 (vLLM's meaning)."""

@@ -221,6 +221,7 @@ async def test_abort_stops_a_side_waiting_for_the_other(
         assert (await stats(http, fleet["prefill"]))["rooms"] == 1
 
     await eventually(in_room, timeout=5)
+    assert (await stats(http, fleet[side]))["waiting"] == 1  # queued, as a waiting request
     async with http.post(f"{fleet[side].url}/abort_request", json={"rid": body["rid"]}) as r:
         assert r.status == 200
     with pytest.raises(aiohttp.ClientError):
