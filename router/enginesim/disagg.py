@@ -20,7 +20,9 @@
 The transfer takes ``DisaggSettings.transfer_seconds`` of the tokens moved (``--fast``: none);
 that time is part of the decode request's time to first token. A side waiting for the other
 stops on ``/abort_request`` for its rid or its connection closing (both kinds: a waiting side
-has generated nothing yet), and after ``RoleSettings.wait_seconds`` at the latest.
+has generated nothing yet), and after ``RoleSettings.wait_seconds`` at the latest. Its
+failures are answered before any byte, streamed or not (vLLM's and SGLang's servers send a
+stream's headers first and report such a failure in the stream).
 """
 
 from __future__ import annotations
@@ -52,9 +54,8 @@ _WILDCARDS = ("", "0.0.0.0", "::")
 class Side:
     """One request's part, as the app runs it: what it admits, then the side's own steps."""
 
-    def __init__(self, gen: Generation, path: str = "whole", transferred: int = 0) -> None:
+    def __init__(self, gen: Generation, transferred: int = 0) -> None:
         self.gen = gen
-        self.path = path  # whole | prefilled-for-remote | decoded-from-remote
         self.transferred = transferred  # prompt tokens whose KV came from the other engine
 
     async def handover(self, ticket: Ticket) -> None:
@@ -70,7 +71,7 @@ class Side:
 
 class _VllmPrefill(Side):
     def __init__(self, disagg: Disagg, gen: Generation) -> None:
-        super().__init__(gen, "prefilled-for-remote")
+        super().__init__(gen)
         self.disagg = disagg
 
     def answer(self, reply: Reply) -> Reply:
@@ -86,7 +87,7 @@ class _VllmPrefill(Side):
 
 class _SglangPrefill(Side):
     def __init__(self, disagg: Disagg, gen: Generation, number: int, room: Room) -> None:
-        super().__init__(dataclasses.replace(gen, max_tokens=1), "prefilled-for-remote")
+        super().__init__(dataclasses.replace(gen, max_tokens=1))
         self.disagg = disagg
         self.number = number
         self.room = room
@@ -194,7 +195,7 @@ class Disagg:
             return Side(gen)  # recompute: prefill the missing tokens here
         await self._transfer(lacks)
         self.engine.counters.decoded_from_remote += 1
-        return Side(gen, "decoded-from-remote", lacks)
+        return Side(gen, lacks)
 
     async def _sglang_prefill(self, gen: Generation, boot: Bootstrap, rid: str) -> Side:
         if boot.room is None:
@@ -223,7 +224,7 @@ class Disagg:
             sent = await meet(self._client(), boot, held, self.settings.wait_seconds, self._headers)
         await self._transfer(sent)
         self.engine.counters.decoded_from_remote += 1
-        return Side(gen, "decoded-from-remote", gen.prompt_tokens - held)
+        return Side(gen, gen.prompt_tokens - held)
 
     async def _transfer(self, tokens: int) -> None:
         link = self.settings.link
