@@ -46,6 +46,7 @@ from router.enginesim.disagg_wire import Bootstrap, RemoteKv, remote_prefill_par
 from router.enginesim.engine import Engine, Ticket
 from router.enginesim.requests import Generation
 from router.enginesim.responses import Reply
+from router.gateway.openai.errors import GatewayError
 
 _NO_BOOTSTRAP = Bootstrap(None, None, None)
 _WILDCARDS = ("", "0.0.0.0", "::")
@@ -166,8 +167,8 @@ class Disagg:
         return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
     async def arrive(self, gen: Generation, rid: str, close: Callable[[], None]) -> Side:
-        """This engine's side of ``gen``, its wait for the other engine done; raises
-        ``TransferFailed`` (a 500) when the other side fails it."""
+        """This engine's side of ``gen``, its wait for the other engine done; raises a
+        ``GatewayError`` (a 500) when the other side fails it."""
         pd = gen.pd
         if self._sglang_pd:
             with self._abortable(rid, close):
@@ -187,10 +188,10 @@ class Disagg:
         lacks = gen.prompt_tokens - self.engine.held_tokens(gen.keys, gen.prompt_tokens)
         try:
             await pull(self._client(), remote, lacks, self.settings.wait_seconds, self._headers)
-        except TransferFailed:
+        except TransferFailed as exc:
             self.engine.counters.transfer_failures += 1
             if self.settings.load_failure == "fail":
-                raise
+                raise GatewayError(str(exc)) from exc
             self.engine.counters.whole += 1
             return Side(gen)  # recompute: prefill the missing tokens here
         await self._transfer(lacks)
@@ -202,7 +203,7 @@ class Disagg:
             # Its decode side cannot find it: the bootstrap waits out its timeout.
             await asyncio.sleep(self.settings.wait_seconds)
             self.engine.counters.transfer_failures += 1
-            raise TransferFailed(
+            raise GatewayError(
                 f"Prefill bootstrap failed for request rid={rid!r}: no bootstrap_room, "
                 f"no decode side within {self.settings.wait_seconds:g} s"
             )
@@ -238,12 +239,12 @@ class Disagg:
 
     @contextmanager
     def failures(self) -> Iterator[None]:
-        """Count a ``TransferFailed`` raised in the block."""
+        """A ``TransferFailed`` raised in the block, counted, as the request's 500."""
         try:
             yield
-        except TransferFailed:
+        except TransferFailed as exc:
             self.engine.counters.transfer_failures += 1
-            raise
+            raise GatewayError(str(exc)) from exc
 
     @contextmanager
     def _abortable(self, rid: str, close: Callable[[], None]) -> Iterator[None]:

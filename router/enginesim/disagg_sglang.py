@@ -27,7 +27,13 @@ from aiohttp import web
 from router import hostport
 from router.enginesim.disagg_vllm import CONNECT_SECONDS, TransferFailed, answer_detail
 from router.enginesim.disagg_wire import Bootstrap
-from router.gateway.openai.errors import BadRequest, TooBusy, error_middleware, vllm_dialect
+from router.gateway.openai.errors import (
+    BadRequest,
+    GatewayError,
+    TooBusy,
+    error_middleware,
+    vllm_dialect,
+)
 from router.gateway.openai.request import json_object
 
 # Rooms open at once, at most: a new one past this is refused.
@@ -129,7 +135,10 @@ def bootstrap_app(rooms: Rooms) -> web.Application:
         try:
             room.prefix_tokens = prefix
             room.note()
-            await rooms.wait(room, "send_tokens", "prefill", f"room {number}")
+            try:
+                await rooms.wait(room, "send_tokens", "prefill", f"room {number}")
+            except TransferFailed as exc:
+                raise GatewayError(str(exc)) from exc
             resp = web.json_response({"send_tokens": room.send_tokens})
             await resp.prepare(request)
             await resp.write_eof()

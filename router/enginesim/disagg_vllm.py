@@ -8,7 +8,7 @@ Engine-sim serves the read on its own HTTP port, ``POST /kv/pull``:
     {"remote_engine_id": ..., "remote_request_id": ..., "remote_block_ids": [...], "tokens": N}
     -> 200 {"engine_id": ..., "blocks": B, "tokens": N}
 
-and releases the blocks. An engine id that is not this engine's is a 409 (vLLM's handshake
+and releases the blocks. An engine id that is not this engine's is a 400 (vLLM's handshake
 checks it: "Remote NIXL agent engine ID mismatch"); a request whose blocks are not held here
 (pulled already, expired, or never prefilled here) is a 404. ``pull`` is the decode side: one
 real loopback request, so that a dead prefill engine is a real failure.
@@ -28,7 +28,7 @@ import orjson
 
 from router import hostport
 from router.enginesim.disagg_wire import RemoteKv
-from router.gateway.openai.errors import BadRequest, GatewayError, NotFound
+from router.gateway.openai.errors import BadRequest, NotFound
 from router.gateway.openai.request import json_object
 
 PULL_PATH = "/kv/pull"
@@ -40,16 +40,9 @@ CONNECT_SECONDS = 5.0
 _BLOCK_ID_SPACE = 2**31
 
 
-class EngineMismatch(GatewayError):
-    """A pull that names another engine's blocks."""
-
-    status = 409
-    type = "invalid_request_error"
-
-
-class TransferFailed(GatewayError):
-    """The KV a request needs from the other engine cannot be had (a 500, as both engines
-    fail such a request)."""
+class TransferFailed(Exception):
+    """The KV a request needs from, or must give to, the other engine cannot be moved (the
+    request is answered 500, as both engines fail it: ``router.enginesim.disagg``)."""
 
 
 @dataclass(slots=True)
@@ -131,7 +124,9 @@ def serve_pull(raw: bytes, engine_id: str, held: HeldKv) -> dict[str, Any]:
     """A ``POST /kv/pull`` body -> its answer; the blocks are released."""
     engine, request_id, tokens = _pull_fields(raw)
     if engine != engine_id:
-        raise EngineMismatch(f"engine id mismatch: this engine is {engine_id}, not {engine}")
+        raise BadRequest(
+            f"engine id mismatch: this engine is {engine_id}, not {engine}", "remote_engine_id"
+        )
     blocks = held.take(request_id)
     if blocks is None:
         raise NotFound(f"no KV is held for request {request_id!r} (pulled, expired or unknown)")

@@ -199,7 +199,7 @@ async def test_recompute_policy_prefills_what_it_cannot_pull(
 
 @pytest.mark.parametrize(
     ("field", "value", "status"),
-    [("remote_engine_id", "another-engine", 409), ("remote_request_id", "never-seen", 404)],
+    [("remote_engine_id", "another-engine", 400), ("remote_request_id", "never-seen", 404)],
 )
 async def test_unknown_remote_fails_the_decode_request(
     http: aiohttp.ClientSession, fleet: dict[str, Proc], field: str, value: str, status: int
