@@ -85,8 +85,11 @@ class DisaggSettings:
     kv_bytes_per_token: int = DEFAULT_KV_BYTES_PER_TOKEN
     # Turns the estimates' prefill tokens into seconds, to set against the transfer's.
     prefill_tokens_per_s: float = 10_000.0
-    # A request whose decode engine lacks fewer tokens than this stays whole there.
-    stay_below_tokens: int = 256
+    # A request whose decode engine lacks fewer tokens than this stays whole there: a prefill
+    # that fits one chunked-prefill step of vLLM's server (max_num_batched_tokens, 2,048 on
+    # most GPUs) stalls the sequences beside it for one step, where a split would make the
+    # prefill pool redo the conversation the decode engine already holds.
+    stay_below_tokens: int = 2048
     # How much a decode engine's local prefill counts against it, per second of prefill,
     # when it has sequences decoding (they stall for it); 0: time to first token alone.
     decode_stall_weight: float = 1.0
