@@ -23,13 +23,16 @@ carries, so a prefill of ``s`` seconds delays every sequence decoding beside it 
 ``decode_stall`` x ``s``. It stays computable at admission because prefills are serial and FCFS:
 a new prefill interval [start, end] begins after every earlier one, so the requests it stalls are
 exactly those already admitted and still running at ``start`` (one that begins decoding part-way,
-its KV cache arriving by transfer, is stalled for the part it overlaps). Their end times are
+its KV cache arriving by transfer, is stalled for the part it overlaps; one admitted while
+prefills are queued ahead of its decode, for those). Their end times are
 therefore kept mutable (``Running.done``): each admission moves them later, at most ``max_batch``
-of them, and a caller waiting for one re-reads it when it falls due. Every later prefill starts
-after the earliest end time any admission popped, so an end is final once it is in the past of
-the prefill unit. The stall is charged whole even to a sequence with fewer tokens left than the
-prefill has chunks (it would finish part-way at a slower step): an overestimate bounded by one
-prefill. Time per output token is ``Running.tpot``: (end - first token) / output tokens.
+of them, and a caller waiting for one re-reads it when it falls due. No prefill starts before its
+own arrival, so an end the replay has reached is final. This costs one pass over the batch per
+admission and keeps the FCFS schedule exact, where stepping the batch token by token would cost
+a pass per output token. The stall is charged whole even to a sequence with fewer tokens left
+than the prefill has chunks (it would finish part-way, at the slower step): an overestimate
+bounded by one prefill, small when chunks are large against a decode step. Time per output
+token is ``Running.tpot``: (end - first token) / output tokens.
 
 Roles: a prefill engine's request leaves at its first token (``output_tokens`` 0; its blocks stay
 cached there); a decode engine that receives a transfer (``EngineClock.receive``) prefills
@@ -43,6 +46,7 @@ prefill, ~40 tokens/s per sequence of decode at moderate batch, 32 slots.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -187,6 +191,8 @@ class EngineClock:
     spec: EngineSpec
     _live: list[Running] = field(default_factory=list)  # a heap by end time
     _prefill_free_at: float = 0.0
+    # With interference: the prefills not yet over when the latest request was admitted.
+    _prefills: deque[tuple[float, float]] = field(default_factory=deque)
     busy_seconds: float = 0.0
 
     def admit(self, arrival: float, uncached_tokens: int, output_tokens: int) -> Schedule:
@@ -202,18 +208,23 @@ class EngineClock:
         self._prefill_free_at = first
         if self.spec.decode_stall and prefill > 0:
             self._stall(prefill_start, first)
+            self._prefills.append((prefill_start, first))
         return self._run(arrival, prefill_start, first, output_tokens, prefill)
 
     def receive(
         self, arrival: float, kv_sent_at: float, transfer_seconds: float, output_tokens: int
     ) -> Running:
         """Admit a request whose KV cache a prefill engine sends, from ``kv_sent_at`` (its
-        answer), taking ``transfer_seconds`` once this engine has a slot for it."""
+        answer), taking ``transfer_seconds`` once this engine has a slot for it. Admissions
+        come in time order: ``arrival`` is no earlier than the previous one's."""
         begin = max(self._slot(arrival), kv_sent_at)
         first = begin + transfer_seconds
         return self._run(arrival, begin, first, output_tokens, 0.0)
 
     def _slot(self, arrival: float) -> float:
+        prefills = self._prefills
+        while prefills and prefills[0][1] <= arrival:
+            prefills.popleft()
         if len(self._live) >= self.spec.max_batch:
             return max(arrival, heapq.heappop(self._live).done)
         return arrival
@@ -224,6 +235,12 @@ class EngineClock:
         decode = self.spec.decode_seconds(output_tokens)
         sched = Schedule(arrival, prefill_start, first, first + decode)
         r = Running(sched, output_tokens, sched.done)
+        # Prefills already scheduled that it will decode beside (none for a request that
+        # prefills here: every earlier prefill ends before its own begins).
+        f = self.spec.decode_stall
+        for start, end in self._prefills:
+            if end > first and start < r.done:
+                r.done += f * (end - max(start, first))
         heapq.heappush(self._live, r)
         self.busy_seconds += prefill + decode
         return r
@@ -245,6 +262,7 @@ class EngineClock:
 
     def reset(self) -> None:
         self._live.clear()
+        self._prefills.clear()
         self._prefill_free_at = 0.0
         self.busy_seconds = 0.0
 

@@ -10,12 +10,14 @@ at the end), on engine models that stall decoding for prefill beside it
 
 A split request holds two leases, taken when it is decided: the prefill engine's, which
 prefills the tokens it lacks, answers at its first token (recorded: it holds the prefix) and
-ends there; and the decode engine's (``acquire(..., prefills=False)``), whose first token waits
-for a batch slot, the prefill engine's answer and the transfer of the tokens the decode engine
-itself lacks (``DisaggSettings.transfer_seconds``), recorded then (it holds the blocks it
-received) and released when the last token is out. A whole request lives as in ``simulator``.
-A request's end may move later after it is admitted (later prefills stall it), so its release
-is re-queued when it falls due before its engine says it is done.
+ends there; and the decode engine's (``acquire(..., prefills=False)``). The decode engine hears
+of the request when the prefill engine answers, as vLLM's proxies send it (so it holds no
+batch slot while the prefill queues); its first token waits for a batch slot and the transfer
+of the tokens it lacks itself (``DisaggSettings.transfer_seconds``), is recorded then (it holds
+the blocks it received), and the lease is released when the last token is out. A whole
+request lives as in ``simulator``. A request's end may move later after it is admitted (later
+prefills stall it), so its release is re-queued when it falls due before its engine says it is
+done.
 
 Per fleet (``PdResult``): goodput, the requests per second that meet both objectives
 (``Objectives``: time to first token and time per output token), the share that does, the hit
@@ -42,7 +44,7 @@ from router.core.stats import percentile
 from router.core.workload import TraceRequest
 
 # Event kinds, in the order they run when due at the same time.
-_FIRST_TOKEN, _DONE = 0, 1
+_FIRST_TOKEN, _DONE, _HANDOFF = 0, 1, 2
 
 Progress = Callable[[str, int, int], None]
 
@@ -122,6 +124,16 @@ class PdResult:
         return asdict(self)
 
 
+@dataclass(slots=True)
+class _Handoff:
+    """A split request between its prefill engine's answer and its decode engine."""
+
+    req: TraceRequest
+    engine: str
+    lease: Lease
+    index: int  # the request's place in the replay
+
+
 class _Replay:
     """One fleet's engines, core and pending events."""
 
@@ -137,23 +149,30 @@ class _Replay:
                 name, max(1, fleet.spec.capacity_tokens // policy.block_tokens)
             )
         self.engines = {name: SimEngine(fleet.spec, bt) for name in roles}
-        self.due: list[tuple[float, int, int, Lease, Running]] = []
+        self.due: list[tuple[float, int, int, Lease, Running | _Handoff]] = []
         self._seq = itertools.count()
+        self.runs: list[Running | None] = []  # per request, its answering engine's run
         self.prompt = self.cached = self.moved = 0
 
+    def _push(self, at: float, kind: int, lease: Lease, item: Running | _Handoff) -> None:
+        heapq.heappush(self.due, (at, kind, next(self._seq), lease, item))
+
     def _expect(self, run: Running, lease: Lease) -> None:
-        heapq.heappush(self.due, (run.first_token, _FIRST_TOKEN, next(self._seq), lease, run))
-        heapq.heappush(self.due, (run.done, _DONE, next(self._seq), lease, run))
+        self._push(run.first_token, _FIRST_TOKEN, lease, run)
+        self._push(run.done, _DONE, lease, run)
 
     def until(self, now: float) -> None:
-        """Run the events due by ``now``: first tokens recorded, ended requests released."""
+        """Run the events due by ``now``: first tokens recorded, ended requests released,
+        answered prefills handed to their decode engines."""
         due = self.due
         while due and due[0][0] <= now:
-            at, kind, _, lease, run = heapq.heappop(due)
-            if kind == _FIRST_TOKEN:
+            at, kind, _, lease, item = heapq.heappop(due)
+            if isinstance(item, _Handoff):
+                self._receive(item, at)
+            elif kind == _FIRST_TOKEN:
                 self.core.record(lease, at)
-            elif run.done > at:  # stalled since it was admitted: it ends later
-                heapq.heappush(due, (run.done, _DONE, next(self._seq), lease, run))
+            elif item.done > at:  # stalled since it was admitted: it ends later
+                self._push(item.done, _DONE, lease, item)
             else:
                 self.core.release(lease)
 
@@ -162,7 +181,7 @@ class _Replay:
         hit, _ = eng.cache.admit(req.engine_keys, req.prompt_tokens, now)
         return eng, hit
 
-    def whole(self, route: Disaggregated, req: TraceRequest, now: float) -> Running:
+    def whole(self, route: Disaggregated, req: TraceRequest, now: float) -> None:
         d, engine = route.decision, route.engine
         assert d is not None and engine is not None  # every fleet has an engine for it
         lease = self.core.acquire(d, engine, now)
@@ -171,9 +190,9 @@ class _Replay:
         self._held(eng, run, req, hit)
         self._expect(run, lease)
         self.cached += hit
-        return run
+        self.runs.append(run)
 
-    def split(self, route: Disaggregated, req: TraceRequest, now: float) -> Running:
+    def split(self, route: Disaggregated, req: TraceRequest, now: float) -> None:
         p_name, d_name = route.prefill_engine, route.engine
         assert route.prefill is not None and route.decode is not None
         assert p_name is not None and d_name is not None
@@ -184,15 +203,21 @@ class _Replay:
         answered = p.clock.start(now, req.prompt_tokens - hit, 0)
         self._held(p, answered, req, hit)
         self._expect(answered, p_lease)
-        d, held = self._admit(d_name, req, now)
-        lacks = req.prompt_tokens - held
-        secs = self.fleet.link.transfer_seconds(lacks)
-        run = d.clock.receive(now, answered.first_token, secs, req.output_tokens)
-        self._held(d, run, req, held)
-        self._expect(run, d_lease)
         self.cached += hit
+        # The decode engine hears of it when the prefill engine answers (vLLM's proxies).
+        handoff = _Handoff(req, d_name, d_lease, len(self.runs))
+        self._push(answered.first_token, _HANDOFF, d_lease, handoff)
+        self.runs.append(None)
+
+    def _receive(self, h: _Handoff, at: float) -> None:
+        d, held = self._admit(h.engine, h.req, at)
+        lacks = h.req.prompt_tokens - held
+        secs = self.fleet.link.transfer_seconds(lacks)
+        run = d.clock.receive(at, at, secs, h.req.output_tokens)
+        self._held(d, run, h.req, held)
+        self._expect(run, h.lease)
         self.moved += self.fleet.link.transfer_bytes(lacks)
-        return run
+        self.runs[h.index] = run
 
     def _held(self, eng: SimEngine, run: Running, req: TraceRequest, cached: int) -> None:
         if self.fleet.report_interval > 0:
@@ -214,7 +239,6 @@ def simulate_fleet(
     replay = _Replay(policy, fleet, roles, engine_block_tokens(trace))
     every = fleet.report_interval
     next_report = 0.0
-    runs: list[Running] = []
     paths: Counter[str] = Counter()
     for i, req in enumerate(trace):
         now = req.timestamp / fleet.speedup
@@ -226,9 +250,9 @@ def simulate_fleet(
         route = rule(replay.core, body, roles, names, now, req.session, req.prompt_tokens)
         paths[f"{route.path}:{route.why}"] += 1
         if route.path == "split":
-            runs.append(replay.split(route, req, now))
+            replay.split(route, req, now)
         else:
-            runs.append(replay.whole(route, req, now))
+            replay.whole(route, req, now)
         replay.prompt += req.prompt_tokens
         if progress is not None and i % 256 == 0:
             progress(name, i, len(trace))
@@ -236,6 +260,8 @@ def simulate_fleet(
     assert replay.core.outstanding == 0, "every lease is released"
     if progress is not None:
         progress(name, len(trace), len(trace))
+    runs = [r for r in replay.runs if r is not None]
+    assert len(runs) == len(trace), "every request answered"
     return _result(name, fleet, trace, runs, replay, paths, objectives)
 
 
@@ -248,7 +274,9 @@ def _result(
     paths: Counter[str],
     objectives: Objectives,
 ) -> PdResult:
-    ttfts = [r.ttft for r in runs]
+    ttfts = [
+        r.first_token - req.timestamp / fleet.speedup for r, req in zip(runs, trace, strict=True)
+    ]
     tpots = [r.tpot for r in runs]
     met = sum(
         1

@@ -73,6 +73,15 @@ def test_a_received_request_waits_for_its_transfer_and_prefills_nothing() -> Non
     assert decode.busy_seconds == pytest.approx(1.1 + 1.5 + 0.1)
 
 
+def test_a_transfer_landing_during_a_queued_prefill_is_stalled_for_the_overlap() -> None:
+    decode = EngineClock(slow(1.0))
+    decode.start(0.0, 200, 1)  # prefill 0-2 s
+    r = decode.receive(0.5, kv_sent_at=0.5, transfer_seconds=0.5, output_tokens=10)
+    assert r.first_token == 1.0 and r.done == pytest.approx(1.0 + 1.0 + 1.0)
+    later = decode.receive(3.0, kv_sent_at=3.0, transfer_seconds=0.0, output_tokens=10)
+    assert later.done == pytest.approx(4.0)  # the prefill was over
+
+
 def test_a_prefill_engines_request_leaves_at_its_first_token() -> None:
     prefill = EngineClock(slow(1.0))
     r = prefill.start(0.0, 200, 0)

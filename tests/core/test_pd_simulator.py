@@ -49,8 +49,12 @@ def test_every_fleet_accounts_for_every_request() -> None:
 
 
 def test_kvrouter_falls_back_to_whole_at_a_slow_link() -> None:
-    slow = simulate_fleet("kvrouter", POLICY, TRACE, fleet(0.05), Objectives())
-    fast = simulate_fleet("kvrouter", POLICY, TRACE, fleet(7200.0), Objectives())
+    def at(gbps: float) -> PdFleet:
+        # Every turn priced by the link, however few its new tokens.
+        return PdFleet(2, 2, SPEC, DisaggSettings(link_gbps=gbps, stay_below_tokens=0))
+
+    slow = simulate_fleet("kvrouter", POLICY, TRACE, at(0.05), Objectives())
+    fast = simulate_fleet("kvrouter", POLICY, TRACE, at(7200.0), Objectives())
     assert slow.split_share < 0.1 < fast.split_share
     assert slow.transfer_gb < fast.transfer_gb
 
