@@ -185,6 +185,13 @@ def _estimate(d: Decision, engine: str, p: ttft_estimate.Params) -> tuple[float,
     return cost, x.uncached(i), max(0, x.requests[i] - waiting)
 
 
+def _pending(d: Decision, engine: str) -> int:
+    """Tokens ``engine`` holds of the prompt only provisionally: an attempt in flight (a
+    transfer not landed yet, a prefill not finished) that a local prefill cannot reuse."""
+    i = d.inputs.candidates.index(engine)
+    return d.predicted[i] * d.inputs.block_tokens if d.predicted else 0
+
+
 def decide(
     core: RoutingCore,
     body: Mapping[str, Any] | RoutingText,
@@ -257,7 +264,7 @@ def choose(
             "split", d_engine, p_engine, "protocol-splits", dd, pd, None, split, p_whole,
             lacks, settings.transfer_bytes(lacks), move,
         )  # fmt: skip
-    if lacks < settings.stay_below_tokens:
+    if lacks + _pending(dd, d_engine) < settings.stay_below_tokens:
         return _whole(d_engine, "few-new-tokens", dd, pd, whole, split, p_whole, settings, lacks)
     # Split when it beats the decode engine's own prefill. When it does not pay, the
     # prefill pool may serve as aggregated engines: whole on the prefill engine if quicker
