@@ -5,17 +5,17 @@ split, the prefill engine), so the simulator drives every fleet's requests the s
 
 - ``aggregated``: every engine does both; ``RoutingCore.decide`` picks one, the request runs
   whole (kvrouter without disaggregation: the baseline).
-- ``kvrouter``: ``disaggregation.decide``, the decision the gateway calls: the decode engine
-  first, then whole or split, whichever is estimated quicker with the transfer priced.
-- ``always-split``: every request split, the decode engine picked first and then the prefill
-  engine (SGLang's model gateway in its PD mode; Dynamo once a prefill worker registers).
-- ``threshold``: llm-d's rule (its ``prefix-based-pd-decider``): split when the prompt tokens
-  the decode engine lacks reach ``threshold_tokens``, else whole on the decode engine. Its
-  ``nonCachedTokens`` defaults to 0 in code (always split); llm-d's P/D guide configures 16,
-  the default here.
+- ``kvrouter``: ``disaggregation.decide`` with ``decider: cost``, the gateway's default: the
+  decode engine first, then whole or split, whichever is estimated quicker, the link priced.
+- ``always-split``: ``decider: always``, every request split, the decode engine picked first
+  and then the prefill engine (SGLang's model gateway in its PD mode; Dynamo once a prefill
+  worker registers).
+- ``threshold``: ``decider: threshold``, llm-d's rule (its ``prefix-based-pd-decider``): split
+  when the decode engine lacks more than ``threshold_tokens`` of the prompt, else whole there.
+  Its ``nonCachedTokens`` defaults to 0 in code (always split); llm-d's P/D guide configures
+  16, the simulator's default.
 
-The last two reuse the core's two picks (``Disaggregated.decode``, ``.prefill``) and only
-override the path, so the fleets differ in the rule and nothing else.
+All four are the decision code the gateway runs, with the setting an operator would give it.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from router.core.decision import RoutingCore
-from router.core.disaggregation import Disaggregated, DisaggSettings, Role, decide
+from router.core.disaggregation import Decider, Disaggregated, DisaggSettings, Role, decide
 
 # llm-d's P/D guide: ``prefix-based-pd-decider`` with ``nonCachedTokens: 16``.
 LLMD_THRESHOLD_TOKENS = 16
 
-DECIDERS = ("aggregated", "kvrouter", "always-split", "threshold")
+FLEETS = ("aggregated", "kvrouter", "always-split", "threshold")
 
-Decider = Callable[
+Rule = Callable[
     [RoutingCore, Mapping[str, Any], Mapping[str, Role], Sequence[str], float, str | None, int],
     Disaggregated,
 ]
@@ -53,26 +53,21 @@ def _aggregated(
     )
 
 
-def _split(dis: Disaggregated, why: str) -> Disaggregated:
-    if dis.decode is None or dis.decode.engine is None:
-        return dis
-    if dis.prefill is None or dis.prefill.engine is None:
-        return dis
-    return dataclasses.replace(
-        dis, path="split", engine=dis.decode.engine, prefill_engine=dis.prefill.engine, why=why
-    )
+# The gateway's ``decider`` setting behind each simulated fleet that disaggregates.
+_SETTING: dict[str, Decider] = {
+    "kvrouter": "cost",
+    "always-split": "always",
+    "threshold": "threshold",
+}
 
 
-def _stay(dis: Disaggregated, why: str) -> Disaggregated:
-    if dis.decode is None or dis.decode.engine is None:
-        return dis
-    return dataclasses.replace(dis, path="whole", engine=dis.decode.engine, why=why)
-
-
-def decider(name: str, settings: DisaggSettings, threshold_tokens: int) -> Decider:
-    """The decider called ``name`` (one of ``DECIDERS``) over a link of ``settings``."""
+def decider(name: str, settings: DisaggSettings, threshold_tokens: int) -> Rule:
+    """The decider called ``name`` (one of ``FLEETS``) over a link of ``settings``."""
     if name == "aggregated":
         return _aggregated
+    if name not in _SETTING:
+        raise ValueError(f"no decider {name!r}: one of {', '.join(FLEETS)}")
+    fixed = dataclasses.replace(settings, decider=_SETTING[name], threshold_tokens=threshold_tokens)
 
     def rule(
         core: RoutingCore,
@@ -83,15 +78,6 @@ def decider(name: str, settings: DisaggSettings, threshold_tokens: int) -> Decid
         session: str | None,
         tokens: int,
     ) -> Disaggregated:
-        dis = decide(core, body, roles, names, now, settings, session, tokens)
-        if name == "always-split":
-            return _split(dis, "always")
-        if name == "threshold":
-            if dis.transfer_tokens >= threshold_tokens:
-                return _split(dis, "above-threshold")
-            return _stay(dis, "below-threshold")
-        return dis
+        return decide(core, body, roles, names, now, fixed, session, tokens)
 
-    if name not in DECIDERS:
-        raise ValueError(f"no decider {name!r}: one of {', '.join(DECIDERS)}")
     return rule

@@ -37,7 +37,7 @@ from typing import Any
 from router.core.decision import CoreSettings, Lease, RoutingCore
 from router.core.disaggregation import Disaggregated, DisaggSettings, Role
 from router.core.engine_model import EngineSpec, Running
-from router.core.pd_deciders import DECIDERS, LLMD_THRESHOLD_TOKENS, decider
+from router.core.pd_deciders import FLEETS, LLMD_THRESHOLD_TOKENS, decider
 from router.core.policy import Policy
 from router.core.simulator import SimEngine, engine_block_tokens, report_loads
 from router.core.stats import percentile
@@ -232,7 +232,7 @@ def simulate_fleet(
     objectives: Objectives,
     progress: Progress | None = None,
 ) -> PdResult:
-    """Replay ``trace`` through the fleet decided by ``name`` (one of ``DECIDERS``)."""
+    """Replay ``trace`` through the fleet decided by ``name`` (one of ``FLEETS``)."""
     rule = decider(name, fleet.link, fleet.threshold_tokens)
     roles = fleet.roles(name)
     names = list(roles)
@@ -311,7 +311,7 @@ def simulate_pd(
     fleet: PdFleet,
     objectives: Objectives | None = None,
     progress: Progress | None = None,
-    names: Sequence[str] = DECIDERS,
+    names: Sequence[str] = FLEETS,
 ) -> list[PdResult]:
     """One result per fleet in ``names`` (all four by default), in that order."""
     goal = objectives or Objectives()

@@ -53,6 +53,10 @@ def test_the_peers_rules_override_only_the_path() -> None:
     assert always.path == llmd.path == "split" and high.path == "whole"
     assert always.engine == llmd.engine == high.engine == kv.decode.engine  # type: ignore[union-attr]
     assert always.prefill_engine == kv.prefill.engine  # type: ignore[union-attr]
-    assert (always.why, llmd.why, high.why) == ("always", "above-threshold", "below-threshold")
+    assert (always.why, llmd.why, high.why) == (
+        "decider-always",
+        "over-threshold",
+        "under-threshold",
+    )
     agg = decider("aggregated", FAST, 0)(r, body(LONG), ROLES, ENGINES, 1.0, None, 4000)
     assert agg.path == "whole" and agg.prefill is None and agg.decision is agg.decode

@@ -11,7 +11,7 @@ import pytest
 
 from router.core.disaggregation import WHYS, DisaggSettings
 from router.core.engine_model import EngineSpec
-from router.core.pd_deciders import DECIDERS, LLMD_THRESHOLD_TOKENS, decider
+from router.core.pd_deciders import FLEETS, LLMD_THRESHOLD_TOKENS, decider
 from router.core.pd_simulator import Objectives, PdFleet, simulate_fleet, simulate_pd
 from router.core.simulator import Fleet, simulate_policy
 from router.core.workload import SyntheticSpec, from_body, synthetic
@@ -31,7 +31,7 @@ def fleet(link_gbps: float = 400.0, **kw: float) -> PdFleet:
 
 def test_every_fleet_accounts_for_every_request() -> None:
     rows = simulate_pd(POLICY, TRACE, fleet())
-    assert [r.fleet for r in rows] == list(DECIDERS)
+    assert [r.fleet for r in rows] == list(FLEETS)
     for r in rows:
         assert r.requests == len(TRACE) and sum(r.paths.values()) == len(TRACE)
         assert 0 <= r.slo_attainment <= 1 and 0 <= r.hit_ratio <= 1
@@ -40,9 +40,9 @@ def test_every_fleet_accounts_for_every_request() -> None:
     by = {r.fleet: r for r in rows}
     assert by["aggregated"].paths == {"whole:aggregated": len(TRACE)}
     assert by["aggregated"].prefill_engines == 0 and by["kvrouter"].prefill_engines == 2
-    assert by["always-split"].paths == {"split:always": len(TRACE)}
+    assert by["always-split"].paths == {"split:decider-always": len(TRACE)}
     assert by["always-split"].split_share == 1.0 and by["always-split"].transfer_gb > 0
-    assert set(by["threshold"].paths) <= {"split:above-threshold", "whole:below-threshold"}
+    assert set(by["threshold"].paths) <= {"split:over-threshold", "whole:under-threshold"}
     assert {k.split(":")[1] for k in by["kvrouter"].paths} <= set(WHYS)
     # Nothing decodes beside a prefill on a decode engine that only receives.
     assert by["always-split"].tpot_p99 == pytest.approx(1 / SPEC.decode_tokens_per_s)
@@ -116,7 +116,7 @@ def test_simulate_cli_runs_a_disaggregated_fleet() -> None:
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)
-    assert [r["fleet"] for r in rows] == list(DECIDERS)
+    assert [r["fleet"] for r in rows] == list(FLEETS)
     assert all(r["requests"] == 120 and r["link_gbps"] == 25 for r in rows)
     assert rows[1]["prefill_engines"] == 2 and rows[1]["decode_engines"] == 1
     table = subprocess.run(cmd[:-1], capture_output=True, text=True, cwd=ROOT, timeout=120)
