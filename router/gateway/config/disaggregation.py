@@ -7,7 +7,7 @@
       # or the model's shape, from which the bytes per token follow:
       # model: {layers: 32, kv_heads: 8, head_dim: 128, bytes_per_value: 2}
       prefill_tokens_per_s: 10000
-      stay_below_tokens: 256
+      stay_below_tokens: 2048
       decode_stall_weight: 1.0
       decider: cost             # or always (every request split), threshold (split when
       threshold_tokens: 100     #   the decode engine lacks more than threshold_tokens)
