@@ -24,7 +24,10 @@ _GOAL = Objectives()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("prefill/decode disaggregation (both pool sizes to enable)")
+    g = parser.add_argument_group(
+        "prefill/decode disaggregation",
+        "both pool sizes replace --engines; --index, --bypass-share and --restart-at do not apply",
+    )
     g.add_argument("--prefill-engines", type=int, metavar="N", help="prefill engines")
     g.add_argument("--decode-engines", type=int, metavar="M", help="decode engines")
     g.add_argument(
