@@ -56,6 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help=f"... and every later token within this ({_GOAL.tpot_seconds:g})",
     )
+    g.add_argument(
+        "--ttft-per-token",
+        type=float,
+        default=_GOAL.ttft_per_token,
+        metavar="SECONDS",
+        help="the TTFT objective grows by this per prompt token (0: one number for all)",
+    )
 
 
 def wanted(args: argparse.Namespace) -> bool:
@@ -76,7 +83,8 @@ def fleet_of(args: argparse.Namespace, spec: EngineSpec) -> tuple[PdFleet, Objec
         speedup=args.speedup,
         report_interval=args.report_interval,
     )
-    return fleet, Objectives(args.ttft_objective, args.tpot_objective)
+    goal = Objectives(args.ttft_objective, args.tpot_objective, args.ttft_per_token)
+    return fleet, goal
 
 
 def table(results: Sequence[PdResult]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:

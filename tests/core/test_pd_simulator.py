@@ -111,7 +111,8 @@ def test_fleets_refuse_nonsense(kwargs: dict[str, int]) -> None:
 def test_simulate_cli_runs_a_disaggregated_fleet() -> None:
     cmd = [
         sys.executable, "-m", "router.cli", "simulate", "--synthetic", "--requests", "120",
-        "--prefill-engines", "2", "--decode-engines", "1", "--link-gbps", "25", "--json",
+        "--prefill-engines", "2", "--decode-engines", "1", "--link-gbps", "25",
+        "--ttft-objective", "1e6", "--tpot-objective", "1e6", "--ttft-per-token", "0.001", "--json",
     ]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -119,6 +120,7 @@ def test_simulate_cli_runs_a_disaggregated_fleet() -> None:
     assert [r["fleet"] for r in rows] == list(FLEETS)
     assert all(r["requests"] == 120 and r["link_gbps"] == 25 for r in rows)
     assert rows[1]["prefill_engines"] == 2 and rows[1]["decode_engines"] == 1
+    assert all(r["slo_attainment"] == 1.0 for r in rows)  # objectives no request misses
     table = subprocess.run(cmd[:-1], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert table.returncode == 0 and table.stdout.split()[:3] == ["fleet", "goodput", "slo"]
     half = subprocess.run(cmd[:9], capture_output=True, text=True, cwd=ROOT, timeout=120)
