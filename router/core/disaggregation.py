@@ -52,7 +52,7 @@ Path = Literal["whole", "split"]
 PATHS: tuple[Path, ...] = ("whole", "split")
 # How the path is chosen: ``cost`` prices both (this module's point); ``always`` splits
 # every request a prefill engine can take (SGLang's gateway, Dynamo once a prefill worker
-# registers); ``threshold`` splits when the decode engine lacks more than
+# registers); ``threshold`` splits when the decode engine lacks at least
 # ``threshold_tokens`` (llm-d's rule). The other two are there for operators who want a
 # peer's behaviour, and so that the simulator compares all three through the same code.
 Decider = Literal["cost", "always", "threshold"]
@@ -67,7 +67,7 @@ WHYS = (
     "prefill-engine-cheaper",  # whole on the prefill engine (slow link, idle prefill pool)
     "protocol-splits",  # the decode engine takes only split requests (SGLang's decode servers)
     "decider-always",  # decider: always
-    "over-threshold",  # decider: threshold, and the decode engine lacks more than it
+    "over-threshold",  # decider: threshold, and the decode engine lacks at least as many
     "under-threshold",  # decider: threshold, and it does not
 )
 
@@ -108,7 +108,8 @@ class DisaggSettings:
     # when it has sequences decoding (they stall for it); 0: time to first token alone.
     decode_stall_weight: float = 1.0
     decider: Decider = "cost"
-    threshold_tokens: int = 100  # decider: threshold
+    # decider: threshold (16: what llm-d's P/D guide configures; its code defaults to 0).
+    threshold_tokens: int = 16
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -310,7 +311,7 @@ def _fixed_rule(settings: DisaggSettings, lacks: int, d_whole_ok: bool) -> str |
     if settings.decider == "always":
         return "decider-always"
     if settings.decider == "threshold":
-        return "over-threshold" if lacks > settings.threshold_tokens else "under-threshold"
+        return "over-threshold" if lacks >= settings.threshold_tokens else "under-threshold"
     return None
 
 

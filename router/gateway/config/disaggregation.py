@@ -10,7 +10,7 @@
       stay_below_tokens: 2048
       decode_stall_weight: 1.0
       decider: cost             # or always (every request split), threshold (split when
-      threshold_tokens: 100     #   the decode engine lacks more than threshold_tokens)
+      threshold_tokens: 16      #   the decode engine lacks at least threshold_tokens)
 
 The settings are the core's (router.core.disaggregation.DisaggSettings, where each is
 explained). They apply once some engine's role is prefill or decode (``engines.static[].role``,
