@@ -1,7 +1,8 @@
 """The ``kvrouter`` subcommands (dispatched by ``router.cli``), each ``add_arguments`` + ``run``:
 
 - ``serve``: the gateway (router.gateway) in front of OpenAI-compatible engines.
-- ``simulate``: replay a trace through the routing core offline (``traces`` reads the files).
+- ``simulate``: replay a trace through the routing core offline (``traces`` reads the files;
+  ``pd_options``: its prefill/decode fleets' options and table).
 - ``policy``: ``policy check``, validate policy files before they go live.
 - ``top``: a live table of the fleet in a terminal, from the routers' public endpoints;
   ``top_model`` computes what it shows (no I/O).

@@ -8,8 +8,10 @@ import sys
 import time
 from collections.abc import Sequence
 
+from router.commands import pd_options
 from router.commands.traces import read_trace
 from router.core.engine_model import EngineSpec
+from router.core.pd_simulator import simulate_pd
 from router.core.policy import Policy, PolicyError
 from router.core.simulator import Fleet, Outside, SimResult, simulate
 from router.core.workload import (
@@ -123,6 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "engines' KV cache events); each policy is replayed once per index (approximate)",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    pd_options.add_arguments(parser)
 
 
 def _progress(name: str, done: int, total: int) -> None:
@@ -158,6 +161,11 @@ def format_table(results: Sequence[SimResult]) -> str:
         )
         for r in results
     ]
+    return aligned(head, rows)
+
+
+def aligned(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Rows under ``head`` in columns: the first left-aligned, the others right-aligned."""
     widths = [max(len(row[i]) for row in (head, *rows)) for i in range(len(head))]
     lines = [
         "  ".join(
@@ -187,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
         if args.report_interval < 0:
             raise ValueError("--report-interval must be 0 or more")
         outside = Outside(args.bypass_share, args.restart_at, args.seed)
+        pd = pd_options.fleet_of(args, spec) if pd_options.wanted(args) else None
         trace: list[TraceRequest]
         chat = SyntheticSpec(requests=args.requests, seed=args.seed, rate_per_s=args.rate)
         if args.synthetic:
@@ -202,6 +211,10 @@ def run(args: argparse.Namespace) -> int:
         print("error: the trace has no requests", file=sys.stderr)
         return 1
     progress = _progress if sys.stderr.isatty() else None
+    if pd is not None:
+        rows = simulate_pd(policies[0], trace, *pd, progress)
+        print(pd_options.as_json(rows) if args.json else aligned(*pd_options.table(rows)))
+        return 0
     fleet = Fleet(
         args.engines, spec, args.speedup, report_interval=args.report_interval, outside=outside
     )

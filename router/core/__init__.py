@@ -38,6 +38,9 @@ Modules, from the request inwards:
 - ``workload``: trace records and synthetic workloads for the simulator; ``agent_workload``: a
   tool-calling agent's conversation in each API's shape (chat, Responses, Messages).
 - ``simulator``: discrete-event replay of a trace through ``decision``; ``stats``: percentiles.
+- ``pd_simulator``: the same replay through prefill/decode fleets of one size, with the KV
+  transfer timed and goodput at a TTFT and a TPOT objective; ``pd_deciders``: who decides
+  each request's path there (aggregated, ``disaggregation``, always split, a fixed threshold).
 - ``hotpath``: which implementation runs the decision's per-block and per-engine loops: the
   compiled ``_hotpath`` (C, ``hotpath-c/hotpath.c``, built by ``pip install`` where a C
   compiler exists; its stub ``_hotpath.pyi``), or the pure-Python reference each of ``blocks``,

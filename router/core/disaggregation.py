@@ -52,7 +52,7 @@ Path = Literal["whole", "split"]
 PATHS: tuple[Path, ...] = ("whole", "split")
 # How the path is chosen: ``cost`` prices both (this module's point); ``always`` splits
 # every request a prefill engine can take (SGLang's gateway, Dynamo once a prefill worker
-# registers); ``threshold`` splits when the decode engine lacks more than
+# registers); ``threshold`` splits when the decode engine lacks at least
 # ``threshold_tokens`` (llm-d's rule). The other two are there for operators who want a
 # peer's behaviour, and so that the simulator compares all three through the same code.
 Decider = Literal["cost", "always", "threshold"]
@@ -67,7 +67,7 @@ WHYS = (
     "prefill-engine-cheaper",  # whole on the prefill engine (slow link, idle prefill pool)
     "protocol-splits",  # the decode engine takes only split requests (SGLang's decode servers)
     "decider-always",  # decider: always
-    "over-threshold",  # decider: threshold, and the decode engine lacks more than it
+    "over-threshold",  # decider: threshold, and the decode engine lacks at least as many
     "under-threshold",  # decider: threshold, and it does not
 )
 
@@ -99,13 +99,17 @@ class DisaggSettings:
     kv_bytes_per_token: int = DEFAULT_KV_BYTES_PER_TOKEN
     # Turns the estimates' prefill tokens into seconds, to set against the transfer's.
     prefill_tokens_per_s: float = 10_000.0
-    # A request whose decode engine lacks fewer tokens than this stays whole there.
-    stay_below_tokens: int = 256
+    # A request whose decode engine lacks fewer tokens than this stays whole there: a prefill
+    # that fits one chunked-prefill step of vLLM's server (max_num_batched_tokens, 2,048 on
+    # most GPUs) stalls the sequences beside it for one step, where a split would make the
+    # prefill pool redo the conversation the decode engine already holds.
+    stay_below_tokens: int = 2048
     # How much a decode engine's local prefill counts against it, per second of prefill,
     # when it has sequences decoding (they stall for it); 0: time to first token alone.
     decode_stall_weight: float = 1.0
     decider: Decider = "cost"
-    threshold_tokens: int = 100  # decider: threshold
+    # decider: threshold (16: what llm-d's P/D guide configures; its code defaults to 0).
+    threshold_tokens: int = 16
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -200,6 +204,13 @@ def _estimate(d: Decision, engine: str, p: ttft_estimate.Params) -> tuple[float,
     return cost, x.uncached(i), max(0, x.requests[i] - waiting)
 
 
+def _pending(d: Decision, engine: str) -> int:
+    """Tokens ``engine`` holds of the prompt only provisionally: an attempt in flight (a
+    transfer not landed yet, a prefill not finished) that a local prefill cannot reuse."""
+    i = d.inputs.candidates.index(engine)
+    return d.predicted[i] * d.inputs.block_tokens if d.predicted else 0
+
+
 def decide(
     core: RoutingCore,
     body: Mapping[str, Any] | RoutingText,
@@ -275,7 +286,7 @@ def choose(
                 split, p_whole, lacks, settings.transfer_bytes(lacks), move,
             )  # fmt: skip
         return _whole(d_engine, fixed, dd, pd, whole, split, p_whole, settings, lacks)
-    if lacks < settings.stay_below_tokens:
+    if lacks + _pending(dd, d_engine) < settings.stay_below_tokens:
         return _whole(d_engine, "few-new-tokens", dd, pd, whole, split, p_whole, settings, lacks)
     # Split when it beats the decode engine's own prefill. When it does not pay, the
     # prefill pool may serve as aggregated engines: whole on the prefill engine if quicker
@@ -300,7 +311,7 @@ def _fixed_rule(settings: DisaggSettings, lacks: int, d_whole_ok: bool) -> str |
     if settings.decider == "always":
         return "decider-always"
     if settings.decider == "threshold":
-        return "over-threshold" if lacks > settings.threshold_tokens else "under-threshold"
+        return "over-threshold" if lacks >= settings.threshold_tokens else "under-threshold"
     return None
 
 

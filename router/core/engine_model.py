@@ -17,6 +17,28 @@ begun, not finished), requests waiting (arrived, prefill not begun), and the sha
 cache that running requests hold: each one's uncached prompt and the tokens it has generated,
 plus the longest cached prefix among them once (requests that hit share those blocks).
 
+Interference (``EngineSpec.decode_stall``, off at 0): with chunked prefill a batch step that
+carries prefill work is longer for every sequence in the batch, by about the prefill compute it
+carries, so a prefill of ``s`` seconds delays every sequence decoding beside it by
+``decode_stall`` x ``s``. It stays computable at admission because prefills are serial and FCFS:
+a new prefill interval [start, end] begins after every earlier one, so the requests it stalls are
+exactly those already admitted and still running at ``start`` (one that begins decoding part-way,
+its KV cache arriving by transfer, is stalled for the part it overlaps; one admitted while
+prefills are queued ahead of its decode, for those). Their end times are
+therefore kept mutable (``Running.done``): each admission moves them later, at most ``max_batch``
+of them, and a caller waiting for one re-reads it when it falls due. No prefill starts before its
+own arrival, so an end the replay has reached is final. This costs one pass over the batch per
+admission and keeps the FCFS schedule exact, where stepping the batch token by token would cost
+a pass per output token. The stall is charged whole even to a sequence with fewer tokens left
+than the prefill has chunks (it would finish part-way, at the slower step): an overestimate
+bounded by one prefill, small when chunks are large against a decode step. Time per output
+token is ``Running.tpot``: (end - first token) / output tokens.
+
+Roles: a prefill engine's request leaves at its first token (``output_tokens`` 0; its blocks stay
+cached there); a decode engine that receives a transfer (``EngineClock.receive``) prefills
+nothing: its first token waits for a batch slot, the prefill engine's answer, and the transfer
+of the bytes it lacks over the link (links are not shared: no contention between transfers).
+
 Defaults describe a mid-size model (about 8B parameters) on one data-centre GPU: ~10k tokens/s of
 prefill, ~40 tokens/s per sequence of decode at moderate batch, 32 slots.
 """
@@ -24,8 +46,10 @@ prefill, ~40 tokens/s per sequence of decode at moderate batch, 32 slots.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from router.core.lru import LruKeys
 
@@ -39,6 +63,9 @@ class EngineSpec:
     prefill_tokens_per_s: float = 10_000.0
     decode_tokens_per_s: float = 40.0
     max_batch: int = 32
+    # Seconds each decoding sequence loses per second of prefill in its batch (chunked
+    # prefill: about 1); 0: prefill does not slow decoding.
+    decode_stall: float = 0.0
 
     def __post_init__(self) -> None:
         if self.capacity_tokens < self.block_tokens or self.block_tokens < 1:
@@ -47,6 +74,8 @@ class EngineSpec:
             raise ValueError("prefill and decode rates must be positive")
         if self.max_batch < 1:
             raise ValueError("max_batch must be at least 1")
+        if not 0 <= self.decode_stall <= 100:
+            raise ValueError("decode_stall must be from 0 to 100")
 
     def prefill_seconds(self, uncached_tokens: int) -> float:
         return uncached_tokens / self.prefill_tokens_per_s
@@ -62,6 +91,7 @@ class EngineSpec:
             prefill_tokens_per_s=self.prefill_tokens_per_s * engines,
             decode_tokens_per_s=self.decode_tokens_per_s,
             max_batch=self.max_batch * engines,
+            decode_stall=self.decode_stall,
         )
 
 
@@ -109,36 +139,130 @@ class Schedule:
         return self.first_token - self.arrival
 
 
+class Timed(Protocol):
+    """When a request's prefill starts, its first token appears, and it finishes."""
+
+    @property
+    def prefill_start(self) -> float: ...
+    @property
+    def first_token(self) -> float: ...
+    @property
+    def done(self) -> float: ...
+
+
+@dataclass(slots=True, eq=False)
+class Running:
+    """A request admitted to an engine: its schedule as admitted, and when it ends now (later
+    prefills beside it move ``done`` past ``schedule.done`` when the engine models
+    interference)."""
+
+    schedule: Schedule
+    output_tokens: int
+    done: float
+
+    def __lt__(self, other: Running) -> bool:
+        return self.done < other.done
+
+    @property
+    def prefill_start(self) -> float:
+        return self.schedule.prefill_start
+
+    @property
+    def first_token(self) -> float:
+        return self.schedule.first_token
+
+    @property
+    def ttft(self) -> float:
+        return self.schedule.ttft
+
+    @property
+    def tpot(self) -> float:
+        """Seconds per output token from the first token on (0 for none): the model decodes
+        every output token after the prefill, so an unloaded engine's is its decode step."""
+        if self.output_tokens < 1:
+            return 0.0
+        return (self.done - self.schedule.first_token) / self.output_tokens
+
+
 @dataclass(slots=True)
 class EngineClock:
     """FCFS slots and a serial prefill unit; ``admit`` returns a request's whole schedule."""
 
     spec: EngineSpec
-    _slots_free_at: list[float] = field(default_factory=list)
+    _live: list[Running] = field(default_factory=list)  # a heap by end time
     _prefill_free_at: float = 0.0
+    # With interference: the prefills not yet over when the latest request was admitted.
+    _prefills: deque[tuple[float, float]] = field(default_factory=deque)
     busy_seconds: float = 0.0
 
     def admit(self, arrival: float, uncached_tokens: int, output_tokens: int) -> Schedule:
-        slots = self._slots_free_at
-        start = arrival
-        if len(slots) >= self.spec.max_batch:
-            start = max(start, heapq.heappop(slots))
+        """The request's schedule as admitted (its end as it stands now)."""
+        return self.start(arrival, uncached_tokens, output_tokens).schedule
+
+    def start(self, arrival: float, uncached_tokens: int, output_tokens: int) -> Running:
+        """Admit a request that prefills its ``uncached_tokens`` here."""
+        begin = self._slot(arrival)
         prefill = self.spec.prefill_seconds(uncached_tokens)
-        decode = self.spec.decode_seconds(output_tokens)
-        prefill_start = max(start, self._prefill_free_at)
+        prefill_start = max(begin, self._prefill_free_at)
         first = prefill_start + prefill
         self._prefill_free_at = first
-        done = first + decode
-        heapq.heappush(slots, done)
+        if self.spec.decode_stall and prefill > 0:
+            self._stall(prefill_start, first)
+            self._prefills.append((prefill_start, first))
+        return self._run(arrival, prefill_start, first, output_tokens, prefill)
+
+    def receive(
+        self, arrival: float, kv_sent_at: float, transfer_seconds: float, output_tokens: int
+    ) -> Running:
+        """Admit a request whose KV cache a prefill engine sends, from ``kv_sent_at`` (its
+        answer), taking ``transfer_seconds`` once this engine has a slot for it. Admissions
+        come in time order: ``arrival`` is no earlier than the previous one's."""
+        begin = max(self._slot(arrival), kv_sent_at)
+        first = begin + transfer_seconds
+        return self._run(arrival, begin, first, output_tokens, 0.0)
+
+    def _slot(self, arrival: float) -> float:
+        prefills = self._prefills
+        while prefills and prefills[0][1] <= arrival:
+            prefills.popleft()
+        if len(self._live) >= self.spec.max_batch:
+            return max(arrival, heapq.heappop(self._live).done)
+        return arrival
+
+    def _run(
+        self, arrival: float, prefill_start: float, first: float, output_tokens: int, prefill: float
+    ) -> Running:
+        decode = self.spec.decode_seconds(output_tokens)
+        sched = Schedule(arrival, prefill_start, first, first + decode)
+        r = Running(sched, output_tokens, sched.done)
+        # Prefills already scheduled that it will decode beside (none for a request that
+        # prefills here: every earlier prefill ends before its own begins).
+        f = self.spec.decode_stall
+        for start, end in self._prefills:
+            if end > first and start < r.done:
+                r.done += f * (end - max(start, first))
+        heapq.heappush(self._live, r)
         self.busy_seconds += prefill + decode
-        return Schedule(arrival, prefill_start, first, done)
+        return r
+
+    def _stall(self, start: float, end: float) -> None:
+        """A prefill over [start, end] slows every sequence decoding during it."""
+        f = self.spec.decode_stall
+        moved = False
+        for r in self._live:
+            if r.done > start and r.first_token < end:
+                r.done += f * (end - max(start, r.first_token))
+                moved = True
+        if moved:
+            heapq.heapify(self._live)
 
     def running(self, now: float) -> int:
         """Requests admitted and not finished at ``now``."""
-        return sum(1 for t in self._slots_free_at if t > now)
+        return sum(1 for r in self._live if r.done > now)
 
     def reset(self) -> None:
-        self._slots_free_at.clear()
+        self._live.clear()
+        self._prefills.clear()
         self._prefill_free_at = 0.0
         self.busy_seconds = 0.0
 
@@ -157,9 +281,9 @@ class Occupancy:
 
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
-        self._items: list[tuple[Schedule, int, int]] = []  # (schedule, prompt, cached)
+        self._items: list[tuple[Timed, int, int]] = []  # (schedule, prompt, cached)
 
-    def add(self, schedule: Schedule, prompt_tokens: int, cached_tokens: int) -> None:
+    def add(self, schedule: Timed, prompt_tokens: int, cached_tokens: int) -> None:
         self._items.append((schedule, prompt_tokens, cached_tokens))
 
     def report(self, now: float) -> tuple[int, int, float]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -150,7 +150,9 @@ class _Events:
         self.core.observe(engine, Change(cleared=True), now)
 
 
-class _Engine:
+class SimEngine:
+    """One simulated engine: its prefix cache, its clock, and what it reports of itself."""
+
     __slots__ = ("cache", "clock", "occupancy")
 
     def __init__(self, spec: EngineSpec, block_tokens: int) -> None:
@@ -159,17 +161,24 @@ class _Engine:
         self.occupancy = Occupancy(spec)
 
 
+def report_loads(core: RoutingCore, engines: Mapping[str, SimEngine], now: float) -> None:
+    """Every engine's running and waiting requests and KV use, as the gateway scrapes them."""
+    for name, eng in engines.items():
+        running, waiting, usage = eng.occupancy.report(now)
+        core.loads.engine_report(name, EngineReport(running, waiting, usage), now)
+
+
 def _untimed() -> int:
     return 0
 
 
-def _block_tokens(trace: Sequence[TraceRequest]) -> int:
+def engine_block_tokens(trace: Sequence[TraceRequest]) -> int:
     return trace[0].engine_block_tokens if trace else 16
 
 
 def _summarise(
     name: str,
-    engines: Sequence[_Engine],
+    engines: Sequence[SimEngine],
     prompt: int,
     cached: int,
     ttfts: list[float],
@@ -212,8 +221,8 @@ def simulate_policy(
     core.set_engines(dict.fromkeys(names, 1))
     for name in names:
         core.index.add_engine(name, max(1, fleet.spec.capacity_tokens // policy.block_tokens))
-    bt = _block_tokens(trace)
-    engines = {name: _Engine(fleet.spec, bt) for name in names}
+    bt = engine_block_tokens(trace)
+    engines = {name: SimEngine(fleet.spec, bt) for name in names}
     events = _Events(core, names) if precise else None
     outside = fleet.outside
     bypass = outside.bypass(len(trace), len(names))
@@ -233,9 +242,7 @@ def simulate_policy(
             else:
                 core.release(ending)
         if every > 0 and now >= next_report:
-            for name, eng in engines.items():
-                running, waiting, usage = eng.occupancy.report(now)
-                core.loads.engine_report(name, EngineReport(running, waiting, usage), now)
+            report_loads(core, engines, now)
             next_report = now + every
         if i == restart:
             engines[names[0]].cache.clear()
@@ -282,7 +289,7 @@ def simulate_pooled(
     trace: Sequence[TraceRequest], fleet: Fleet, progress: Progress | None = None
 ) -> SimResult:
     """Replay ``trace`` on one engine with the whole fleet's cache, compute and slots."""
-    engine = _Engine(fleet.spec.pooled(fleet.engines), _block_tokens(trace))
+    engine = SimEngine(fleet.spec.pooled(fleet.engines), engine_block_tokens(trace))
     ttfts: list[float] = []
     prompt = cached = 0
     for i, req in enumerate(trace):

@@ -7,10 +7,10 @@
       # or the model's shape, from which the bytes per token follow:
       # model: {layers: 32, kv_heads: 8, head_dim: 128, bytes_per_value: 2}
       prefill_tokens_per_s: 10000
-      stay_below_tokens: 256
+      stay_below_tokens: 2048
       decode_stall_weight: 1.0
       decider: cost             # or always (every request split), threshold (split when
-      threshold_tokens: 100     #   the decode engine lacks more than threshold_tokens)
+      threshold_tokens: 16      #   the decode engine lacks at least threshold_tokens)
 
 The settings are the core's (router.core.disaggregation.DisaggSettings, where each is
 explained). They apply once some engine's role is prefill or decode (``engines.static[].role``,

@@ -69,10 +69,10 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
       link_gbps: 100
       kv_bytes_per_token: 131072  # or model: {layers, kv_heads, head_dim, bytes_per_value}
       prefill_tokens_per_s: 10000
-      stay_below_tokens: 256
+      stay_below_tokens: 2048
       decode_stall_weight: 1.0
       decider: cost           # or always, threshold (llm-d's rule: threshold_tokens)
-      threshold_tokens: 100
+      threshold_tokens: 16
 
 This module defines ``listen``, ``policy_reload`` and ``health``, and composes every section into
 ``Config``. The others live in this package's ``serving`` (how a request is served: ``timeouts``,
