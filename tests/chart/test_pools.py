@@ -51,7 +51,7 @@ def test_pools_static_engines_written_with_their_roles() -> None:
         "link_gbps": 100,
         "prefill_tokens_per_s": 10000,
         "decider": "cost",
-        "threshold_tokens": 100,
+        "threshold_tokens": 16,
     }
     assert "dns" not in config["backends"]
 
