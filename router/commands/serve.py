@@ -53,6 +53,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an engine's base URL, e.g. http://10.0.0.5:8000 (repeat for more)",
     )
     add(
+        "--prefill",
+        action="append",
+        nargs="+",
+        metavar=("URL", "BOOTSTRAP_PORT"),
+        help="a prefill engine's base URL (repeat for more), and for an SGLang prefill server "
+        "its bootstrap port; with --decode, requests are split by what moving the KV costs "
+        "(the config's disaggregation section)",
+    )
+    add(
+        "--decode",
+        action="append",
+        metavar="URL",
+        help="a decode engine's base URL (repeat for more)",
+    )
+    add(
         "--engine-dns",
         "--backend-dns",
         dest="engine_dns",
@@ -192,6 +207,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     cfg = with_overrides(
         cfg,
         engines=args.engines,
+        prefill=args.prefill,
+        decode=args.decode,
         engine_dns=args.engine_dns,
         engine_api_key_env=args.engine_api_key_env,
         policy=args.policy,

@@ -27,6 +27,8 @@ Modules, from the request inwards:
   ``release``, ``forget``); ``verdict``: the ``Decision`` it returns, with what it says of
   routing quality; ``shortlist``: which candidates a large fleet's decision scores;
   ``turns``: conversations' previous turns, to say where a follow-up's prefix broke.
+- ``disaggregation``: engine roles (prefill, decode, both) and the per-request choice between
+  running a request whole and splitting its prefill off, priced by the KV transfer.
 - ``response_homes``: which engine stored which response, for stateful Responses requests.
 - ``token_scale``: how many of the router's tokens an engine's token is, learnt from usage,
   to read the engines' reported cache sizes.

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from router.core.decision import CoreSettings, RoutingCore
+from router.core.disaggregation import DisaggSettings, Role
 from router.core.index import Delta
 from router.core.load import EngineReport, Load
 from router.core.policy import Policy
@@ -102,6 +103,13 @@ class Services:
     tracing: Tracing = field(default_factory=lambda: Tracing(None))
     # Where each request's receipt ends: routing-quality counters, the access log.
     receipts: Receipts = field(default_factory=no_receipts)
+    # How requests are split between prefill and decode engines (router.core.disaggregation):
+    # in play once ``roles()`` names an engine.
+    disaggregation: DisaggSettings = field(default_factory=DisaggSettings)
+
+    def roles(self) -> Mapping[str, Role]:
+        """The engines whose role is prefill or decode (empty: an aggregated fleet)."""
+        return self.pool.roles()
 
 
 class Gateway:
@@ -164,7 +172,7 @@ class Gateway:
         self.retry_budget = RetryBudget(BudgetRules(ratio=config.limits.retry_budget_percent / 100))
         self.aborts = Aborts(
             self.upstream,
-            config.engines.kind_of,
+            lambda engine: self.pool.kind_of(engine),
             lambda result: self.metrics.engine_aborts.labels(result).inc(),
         )
         self.pool = EnginePool(
@@ -262,6 +270,7 @@ class Gateway:
             aliases=lambda: self.models,
             tracing=self.tracing,
             receipts=Receipts(config.access_log, self.metrics.quality, self.core.precise),
+            disaggregation=config.disaggregation,
         )
 
     def _healthy(self) -> Mapping[str, bool]:

@@ -35,7 +35,7 @@ def test_router_config_scenario_loads_with_the_router_loader(scenario: str) -> N
         ROUTER_HTTP_PORT,
         ROUTER_METRICS_PORT,
     )
-    if config.engines.static or config.engines.dns is not None:
+    if config.engines.static or config.engines.dns:
         check_ready_to_serve(config)
 
 
@@ -272,7 +272,7 @@ def test_router_backends_kind_reaches_static_and_dns_engines() -> None:
     out = render({"router": {"backends": backends}})
     engines = load_config_text(out.router_config_text(), "config.yaml").engines
     assert engines.kind_of("http://sglang-0.sglang:30000") == "sglang"
-    assert engines.kind_of("http://10.0.0.7:30000") == "sglang"
+    assert engines.kind_of("http://10.0.0.7:30000", "dns:sglang-headless") == "sglang"
     plain = load_config_text(render({}).router_config_text(), "config.yaml").engines
     assert plain.static_kinds == {} and plain.kind_of("http://x:1") == "vllm"
 

@@ -159,7 +159,7 @@ async def test_admin_token_env_name_from_config(tmp_path: Path) -> None:
 async def test_dns_backends_resolved_probed_and_routed(tmp_path: Path) -> None:
     dns = DnsEngines("localhost", 9, interval_seconds=3600)
     engine = FakeEngine("http://127.0.0.1:9")
-    async with rig(tmp_path, engine, engines=EngineSources(dns=dns)) as r:
+    async with rig(tmp_path, engine, engines=EngineSources(dns=(dns,))) as r:
         assert (await r.post(CHAT, chat()))[0] == 200
         assert r.up.sent == ["http://127.0.0.1:9"]
-        assert r.gw.pool.engines["http://127.0.0.1:9"].source == "dns"
+        assert r.gw.pool.engines["http://127.0.0.1:9"].source == "dns:localhost"

@@ -11,6 +11,8 @@
   the served name.
 - ``tracing``: the ``tracing`` section, and the standard ``OTEL_*`` variables over it.
 - ``epp``: the ``epp`` section (the endpoint picker) and its flags.
+- ``disaggregation``: the ``disaggregation`` section: the prefill/decode wire protocol, the
+  link and the model's KV size.
 - ``access_log``: the ``access_log`` section.
 - ``overrides``: the command-line flags, applied over the file's values.
 - ``engine_keys``: the API key each engine is sent, read from the environment once.

@@ -33,7 +33,8 @@ class EngineKeys:
             url: _bearer(sources.static_key_envs.get(url) or default, environ)
             for url in sources.static
         }
-        dns_env = sources.dns.api_key_env if sources.dns is not None else ""
+        # One variable for every DNS-found engine (the parser refuses names that differ).
+        dns_env = sources.dns[0].api_key_env if sources.dns else ""
         self._other = _bearer(dns_env or default, environ)
 
     def __call__(self, engine: str) -> str | None:

@@ -1,17 +1,24 @@
 """Where the engines are and how the gateway observes them: the ``engines`` section
-(static URLs, a DNS name, KV-event endpoints) and ``engine_metrics`` (scraping the engines'
+(static URLs, DNS names, KV-event endpoints) and ``engine_metrics`` (scraping the engines'
 own load), with their strict parsers and the URL and endpoint syntax they accept.
+
+Each engine has a kind (how it takes an abort), a role (``prefill``, ``decode`` or ``both``:
+router.core.disaggregation) and, for an SGLang prefill engine, its bootstrap port: a static
+entry's own, else those of the DNS name that found it (``engines.dns`` is one name or a list,
+a name per pool), else the defaults (vllm, both, none).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from router import hostport
+from router.core.disaggregation import ROLES, Role
 from router.core.fields import ConfigFields, show
 from router.core.precise import DEFAULT_BRIDGE_SECONDS, DEFAULT_MEDIUM_WEIGHTS
 from router.gateway.config.pods import PodEngines, pod_engines
@@ -36,6 +43,14 @@ class DnsEngines:
     # The variable holding these engines' API key; empty: the section's ``api_key_env``.
     api_key_env: str = ""
     kind: str = "vllm"  # one of ENGINE_KINDS, for every address of the name
+    role: Role = "both"  # for every address of the name (router.core.disaggregation)
+    # SGLang prefill engines' bootstrap port, the same on every address; None: unknown.
+    bootstrap_port: int | None = None
+
+    @property
+    def source(self) -> str:
+        """The discovery source the pool files this name's engines under."""
+        return f"dns:{self.name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +101,7 @@ def tokenizer_problem(tokenizer: str) -> str | None:
 @dataclass(frozen=True, slots=True)
 class EngineSources:
     static: tuple[str, ...] = ()
-    dns: DnsEngines | None = None
+    dns: tuple[DnsEngines, ...] = ()
     models_refresh_seconds: float = 30.0
     kv_events: KvEventsSettings = field(default_factory=KvEventsSettings)
     # Environment variables holding the API keys engines are sent
@@ -94,8 +109,11 @@ class EngineSources:
     # static URL.
     api_key_env: str = ""
     static_key_envs: Mapping[str, str] = field(default_factory=dict)
-    # Static engines of a kind other than vllm (ENGINE_KINDS), by URL.
+    # Static engines of a kind other than vllm (ENGINE_KINDS), of a role other than both,
+    # and with a bootstrap port, by URL.
     static_kinds: Mapping[str, str] = field(default_factory=dict)
+    static_roles: Mapping[str, Role] = field(default_factory=dict)
+    static_bootstrap_ports: Mapping[str, int] = field(default_factory=dict)
     # The key the file gave this section (engines, or the released spelling backends), so that
     # messages about it name what the user wrote; two spellings of one setup are equal.
     section: str = field(default="engines", compare=False)
@@ -113,7 +131,7 @@ class EngineSources:
         engine would silently subscribe nobody (``localhost`` is not ``127.0.0.1``). With DNS
         discovery the engines' URLs are known only once resolved, so any key may be one.
         """
-        if self.dns is not None:
+        if self.dns:
             return None
         lost = sorted(set(self.kv_events.endpoints) - set(self.static))
         if not lost:
@@ -128,15 +146,37 @@ class EngineSources:
             + "; ".join(parts)
         )
 
-    def kind_of(self, url: str) -> str:
-        """The kind of the engine at ``url`` (ENGINE_KINDS): its static entry's, else the DNS
-        name's for an engine found there, else vllm."""
-        kind = self.static_kinds.get(url)
-        if kind is not None:
-            return kind
-        if url not in self.static and self.dns is not None:
-            return self.dns.kind
-        return "vllm"
+    def _dns_of(self, source: str) -> DnsEngines | None:
+        for d in self.dns:
+            if d.source == source:
+                return d
+        return None
+
+    def kind_of(self, url: str, source: str = "static") -> str:
+        """The kind of the engine at ``url`` found by ``source`` (ENGINE_KINDS)."""
+        if url in self.static:
+            return self.static_kinds.get(url, "vllm")
+        d = self._dns_of(source)
+        return d.kind if d is not None else "vllm"
+
+    def role_of(self, url: str, source: str = "static") -> Role:
+        """The role of the engine at ``url`` found by ``source`` (router.core.disaggregation)."""
+        if url in self.static:
+            return self.static_roles.get(url, "both")
+        d = self._dns_of(source)
+        return d.role if d is not None else "both"
+
+    def bootstrap_port_of(self, url: str, source: str = "static") -> int | None:
+        """The SGLang bootstrap port of the engine at ``url`` (None: unknown)."""
+        if url in self.static:
+            return self.static_bootstrap_ports.get(url)
+        d = self._dns_of(source)
+        return d.bootstrap_port if d is not None else None
+
+    @property
+    def disaggregated(self) -> bool:
+        """Some engine has a role other than both."""
+        return bool(self.static_roles) or any(d.role != "both" for d in self.dns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,55 +317,98 @@ def _kv_events(f: ConfigFields | None) -> KvEventsSettings:
     return out
 
 
+def _static(f: ConfigFields) -> EngineSources:
+    """``engines.static``: URLs, or ``{url, api_key_env, kind, role, bootstrap_port}``."""
+    static: list[str] = []
+    key_envs: dict[str, str] = {}
+    kinds: dict[str, str] = {}
+    roles: dict[str, Role] = {}
+    ports: dict[str, int] = {}
+    for i, entry in enumerate(f.values("static")):
+        where = f"{f.at('static')}[{i}]"
+        text, key_env, kind, role, port = entry, "", "vllm", "both", 0
+        if isinstance(entry, Mapping):
+            e = ConfigFields(entry, where, f.where)
+            text, key_env = e.text("url", "", required=True), e.text("api_key_env", "")
+            kind = e.choice("kind", kind, ENGINE_KINDS)
+            role = e.choice("role", role, ROLES)
+            port = e.integer("bootstrap_port", 0, 1, 65535) if e.has("bootstrap_port") else 0
+            e.done()
+        elif not isinstance(entry, str):
+            f.fail(
+                where,
+                f"must be a URL or {{url: URL, role: ROLE, kind: KIND}}, got {show(entry)}",
+            )
+        try:
+            url = engine_url(text)
+        except ValueError as err:
+            f.fail(where, str(err))
+        if url in static:
+            f.fail(where, f"{url} is listed twice")
+        static.append(url)
+        if key_env:
+            key_envs[url] = key_env
+        if kind != "vllm":
+            kinds[url] = kind
+        if role != "both":
+            roles[url] = role  # type: ignore[assignment]
+        if port:
+            ports[url] = port
+    return EngineSources(
+        tuple(static),
+        static_key_envs=key_envs,
+        static_kinds=kinds,
+        static_roles=roles,
+        static_bootstrap_ports=ports,
+    )
+
+
+def _dns_name(sub: ConfigFields) -> DnsEngines:
+    dd = DnsEngines(name="")
+    port = sub.integer("bootstrap_port", 0, 1, 65535) if sub.has("bootstrap_port") else None
+    out = DnsEngines(
+        name=sub.text("name", dd.name),
+        port=sub.integer("port", dd.port, 1, 65535),
+        scheme=sub.choice("scheme", dd.scheme, SCHEMES),
+        interval_seconds=sub.seconds("interval_seconds", dd.interval_seconds, 0.1),
+        api_key_env=sub.text("api_key_env", dd.api_key_env),
+        kind=sub.choice("kind", dd.kind, ENGINE_KINDS),
+        role=sub.choice("role", dd.role, ROLES),  # type: ignore[arg-type]
+        bootstrap_port=port,
+    )
+    sub.done()
+    return out
+
+
+def _dns(f: ConfigFields) -> tuple[DnsEngines, ...]:
+    """``engines.dns``: one name, or a list of them (a name per pool); an empty name (the
+    chart's default) means none."""
+    if isinstance(f.data.get("dns"), list):
+        found = [d for d in map(_dns_name, f.items("dns")) if d.name]
+    else:
+        sub = f.sub("dns")
+        found = [d for d in (_dns_name(sub),) if d.name] if sub is not None else []
+    seen: set[str] = set()
+    for d in found:
+        if d.name in seen:
+            f.fail(f.at("dns"), f"the name {d.name} is listed twice")
+        seen.add(d.name)
+    if len({d.api_key_env for d in found}) > 1:
+        f.fail(f.at("dns"), "every DNS name must use the same api_key_env")
+    return tuple(found)
+
+
 def engine_sources(f: ConfigFields | None) -> EngineSources:
     d = EngineSources()
     if f is None:
         return d
-    static: list[str] = []
-    key_envs: dict[str, str] = {}
-    kinds: dict[str, str] = {}
-    for i, entry in enumerate(f.values("static")):
-        where = f"{f.at('static')}[{i}]"
-        text, key_env, kind = entry, "", "vllm"
-        if isinstance(entry, Mapping):  # {url: URL, api_key_env: NAME, kind: KIND}
-            e = ConfigFields(entry, where, f.where)
-            text, key_env = e.text("url", "", required=True), e.text("api_key_env", "")
-            kind = e.choice("kind", kind, ENGINE_KINDS)
-            e.done()
-        elif not isinstance(entry, str):
-            f.fail(where, f"must be a URL or {{url: URL, api_key_env: NAME}}, got {show(entry)}")
-        try:
-            static.append(engine_url(text))
-        except ValueError as err:
-            f.fail(where, str(err))
-        if key_env:
-            key_envs[static[-1]] = key_env
-        if kind != "vllm":
-            kinds[static[-1]] = kind
-    dns: DnsEngines | None = None
-    sub = f.sub("dns")
-    if sub is not None:
-        dd = DnsEngines(name="")
-        name = sub.text("name", dd.name)
-        dns = DnsEngines(
-            name=name,
-            port=sub.integer("port", dd.port, 1, 65535),
-            scheme=sub.choice("scheme", dd.scheme, SCHEMES),
-            interval_seconds=sub.seconds("interval_seconds", dd.interval_seconds, 0.1),
-            api_key_env=sub.text("api_key_env", dd.api_key_env),
-            kind=sub.choice("kind", dd.kind, ENGINE_KINDS),
-        )
-        sub.done()
-        if not name:
-            dns = None  # an empty name (the chart's default) means no DNS discovery
-    out = EngineSources(
-        tuple(static),
-        dns,
-        f.seconds("models_refresh_seconds", d.models_refresh_seconds, 0.1),
-        _kv_events(f.sub("kv_events")),
+    static = _static(f)
+    out = dataclasses.replace(
+        static,
+        dns=_dns(f),
+        models_refresh_seconds=f.seconds("models_refresh_seconds", d.models_refresh_seconds, 0.1),
+        kv_events=_kv_events(f.sub("kv_events")),
         api_key_env=f.text("api_key_env", d.api_key_env),
-        static_key_envs=key_envs,
-        static_kinds=kinds,
         section=f.path,
         pods=pod_engines(f.sub("pods")),
     )

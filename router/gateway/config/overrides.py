@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from router.core.disaggregation import Role
 from router.core.fields import ConfigError
 from router.gateway.config.engines import (
     DnsEngines,
+    EngineSources,
     KvEventEndpoint,
     dns_target,
     engine_url,
@@ -26,6 +28,8 @@ def with_overrides(
     cfg: Config,
     *,
     engines: list[str] | None = None,
+    prefill: list[list[str]] | None = None,
+    decode: list[str] | None = None,
     engine_dns: str | None = None,
     engine_api_key_env: str | None = None,
     policy: str | None = None,
@@ -41,21 +45,16 @@ def with_overrides(
 ) -> Config:
     """``cfg`` with command-line flags applied (a flag replaces the file's value)."""
     b = cfg.engines
-    if engines:
-        urls: list[str] = []
-        for text in engines:
-            try:
-                urls.append(engine_url(text))
-            except ValueError as e:
-                raise ConfigError(f"--engine: {e}") from None
-        b = dataclasses.replace(b, static=tuple(urls))
+    if engines or prefill or decode:
+        b = _static_flags(b, engines or [], prefill or [], decode or [])
     if engine_dns:
         try:
             name, dport = dns_target(engine_dns)
         except ValueError as e:
             raise ConfigError(f"--engine-dns: {e}") from None
-        old = b.dns or DnsEngines(name)
-        b = dataclasses.replace(b, dns=dataclasses.replace(old, name=name, port=dport))
+        # The flag names the one DNS name: the file's first gives the rest of its settings.
+        old = b.dns[0] if b.dns else DnsEngines(name)
+        b = dataclasses.replace(b, dns=(dataclasses.replace(old, name=name, port=dport),))
     if engine_api_key_env:
         b = dataclasses.replace(b, api_key_env=engine_api_key_env)
     listen = cfg.listen
@@ -117,6 +116,46 @@ def with_kv_events(
             raise ConfigError(f"--tokenizer: {problem}")
         kv = dataclasses.replace(kv, tokenizer=tokenizer)
     return dataclasses.replace(cfg, engines=dataclasses.replace(cfg.engines, kv_events=kv))
+
+
+def _static_flags(
+    b: EngineSources, engines: list[str], prefill: list[list[str]], decode: list[str]
+) -> EngineSources:
+    """``--engine``, ``--prefill URL [BOOTSTRAP_PORT]`` and ``--decode``: together they
+    replace the file's static engines (the file's kinds, keys and, for ``--engine``, roles
+    by URL still apply)."""
+    urls: list[str] = []
+    roles: dict[str, Role] = {}
+    ports: dict[str, int] = {}
+
+    def add(flag: str, text: str, role: Role | None) -> str:
+        try:
+            url = engine_url(text)
+        except ValueError as e:
+            raise ConfigError(f"{flag}: {e}") from None
+        if url in urls:
+            raise ConfigError(f"{flag}: {url} is given twice")
+        urls.append(url)
+        role = role or b.static_roles.get(url, "both")  # --engine: the file's role stands
+        if role != "both":
+            roles[url] = role
+        return url
+
+    for text in engines:
+        add("--engine", text, None)
+    for args in prefill:
+        if len(args) > 2:
+            raise ConfigError(f"--prefill: takes URL [BOOTSTRAP_PORT], got {' '.join(args)!r}")
+        url = add("--prefill", args[0], "prefill")
+        if len(args) == 2:
+            if not args[1].isdigit() or not 0 < int(args[1]) < 65536:
+                raise ConfigError(f"--prefill: the bootstrap port must be 1-65535: {args[1]!r}")
+            ports[url] = int(args[1])
+    for text in decode:
+        add("--decode", text, "decode")
+    return dataclasses.replace(
+        b, static=tuple(urls), static_roles=roles, static_bootstrap_ports=ports
+    )
 
 
 def gossip_overrides(

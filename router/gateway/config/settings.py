@@ -8,9 +8,13 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
     policy_reload: {enabled: true, interval_seconds: 2}
     engines:                                     # or ``backends``, the released spelling
       static: []                        # URLs, or {url: URL, api_key_env: NAME,
-                                        #   kind: vllm | sglang} entries
+                                        #   kind: vllm | sglang,
+                                        #   role: prefill | decode | both,
+                                        #   bootstrap_port: PORT} entries
       dns: {name: "", port: 8000, scheme: http,  # name: a headless Service's DNS name
-            interval_seconds: 10, api_key_env: "", kind: vllm}
+            interval_seconds: 10, api_key_env: "", kind: vllm,
+            role: both}                 # or a list of them, a name per pool (and their
+                                        # bootstrap_port, for SGLang prefill engines)
       models_refresh_seconds: 30
       pods: {selector: "", namespace: "", port: 8000, scheme: http}  # Kubernetes pods by label
       api_key_env: ""                          # the variable holding the engines' API key
@@ -60,11 +64,19 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
                                   # leaves the HTTP port with health, metrics and admin only
     access_log: {enabled: true, sample: 1.0}       # errors are written whatever the sample
     route_headers: false      # x-kvrouter-engine, x-kvrouter-overlap-tokens on every answer
+    disaggregation:           # applies once some engine is prefill or decode
+      protocol: vllm          # or sglang (router.gateway.config.disaggregation)
+      link_gbps: 100
+      kv_bytes_per_token: 131072  # or model: {layers, kv_heads, head_dim, bytes_per_value}
+      prefill_tokens_per_s: 10000
+      stay_below_tokens: 256
+      decode_stall_weight: 1.0
 
 This module defines ``listen``, ``policy_reload`` and ``health``, and composes every section into
 ``Config``. The others live in this package's ``serving`` (how a request is served: ``timeouts``,
 ``limits``, ``auth``, ``forwarding``, ``drain``, ``flow_control``), ``engines`` (``engines``,
-``engine_metrics``), ``gossip``, ``tracing``, ``epp``, ``access_log`` and ``models`` (model
+``engine_metrics``), ``gossip``, ``tracing``, ``epp``, ``access_log``, ``disaggregation``
+and ``models`` (model
 aliases, the one section applied again when the file changes: router.gateway.config.reload).
 
 Every section and field is optional. There are no engines by default, and an empty
@@ -85,8 +97,10 @@ from pathlib import Path
 from typing import Any
 
 from router import presets
+from router.core.disaggregation import DisaggSettings
 from router.core.fields import ConfigError, ConfigFields, parse_yaml, show
 from router.gateway.config.access_log import AccessLogSettings, access_log
+from router.gateway.config.disaggregation import disaggregation
 from router.gateway.config.engines import (
     EngineMetricsSettings,
     EngineSources,
@@ -176,6 +190,9 @@ class Config:
     access_log: AccessLogSettings = field(default_factory=AccessLogSettings)
     # Answers name the engine and its believed overlap: off, as engine addresses are internal.
     route_headers: bool = False
+    # Prefill/decode disaggregation (router.gateway.config.disaggregation): applies once
+    # some engine's role is prefill or decode.
+    disaggregation: DisaggSettings = field(default_factory=DisaggSettings)
 
 
 def _listen(f: ConfigFields | None) -> Listen:
@@ -256,6 +273,7 @@ def parse_config(data: Any, where: str = "<config>") -> Config:
         epp=epp(f.sub("epp")),
         access_log=access_log(f.sub("access_log")),
         route_headers=f.flag("route_headers", d.route_headers),
+        disaggregation=disaggregation(f.sub("disaggregation")),
     )
     f.done()
     return cfg
@@ -274,7 +292,7 @@ def load_config(path: str | Path) -> Config:
 
 def check_ready_to_serve(cfg: Config) -> None:
     """Cross-checks that only matter once flags are applied; raises ``ConfigError``."""
-    if not cfg.engines.static and cfg.engines.dns is None and cfg.engines.pods is None:
+    if not cfg.engines.static and not cfg.engines.dns and cfg.engines.pods is None:
         raise ConfigError(
             "no engines: give --engine URL, --engine-dns NAME:PORT, --engine-pods SELECTOR, "
             "or engines.static / engines.dns / engines.pods in the config file"

@@ -30,7 +30,8 @@ from typing import Any
 
 import orjson
 
-from router.gateway.config.engines import EngineSources
+from router.core.disaggregation import Role
+from router.gateway.config.engines import DnsEngines, EngineSources
 from router.gateway.config.settings import HealthSettings
 from router.gateway.openai.errors import NoEngine, NotFound, UpstreamError
 from router.gateway.upstream.client import Upstream
@@ -94,7 +95,7 @@ class Engine:
     """One engine: its base URL, where it came from, its health and its models."""
 
     url: str
-    source: str  # "static" or "dns"
+    source: str  # "static", "pods", or a DNS name's "dns:NAME"
     health: Health = field(default_factory=Health)
     # None until the first model list arrived: until then it is no candidate for any model.
     models: dict[str, dict[str, Any]] | None = None
@@ -178,6 +179,7 @@ class EnginePool:
         self._aliases: Mapping[str, str] = {}  # listed as models (router.gateway.config.models)
         # Bumped on every change of health or models: readers cache what they derive from it.
         self.version = 0
+        self._roles: dict[str, Role] | None = None
         self._set_engines_from({u: "static" for u in cfg.static})
 
     # -- reading -----------------------------------------------------------------------------
@@ -189,6 +191,33 @@ class EnginePool:
     def ready(self) -> bool:
         """True when at least one engine is healthy and has told its models."""
         return any(b.healthy and b.models is not None for b in self._engines.values())
+
+    def _source(self, url: str) -> str:
+        b = self._engines.get(url)
+        return b.source if b is not None else "static"
+
+    def kind_of(self, url: str) -> str:
+        """How the engine at ``url`` takes an abort (router.gateway.config.engines)."""
+        return self.cfg.kind_of(url, self._source(url))
+
+    def role_of(self, url: str) -> Role:
+        """The engine's role: prefill, decode or both (router.core.disaggregation)."""
+        return self.cfg.role_of(url, self._source(url))
+
+    def bootstrap_port_of(self, url: str) -> int | None:
+        """An SGLang prefill engine's bootstrap port (None: unknown)."""
+        return self.cfg.bootstrap_port_of(url, self._source(url))
+
+    def roles(self) -> Mapping[str, Role]:
+        """The known engines whose role is not both (asked per request: kept until the
+        engines change)."""
+        if self._roles is None:
+            self._roles = {}
+            for url, b in self._engines.items():
+                role = self.cfg.role_of(url, b.source)
+                if role != "both":
+                    self._roles[url] = role
+        return self._roles
 
     def candidates(self, model: str) -> tuple[str, ...]:
         """Healthy engines serving ``model``; raises ``NotFound`` or ``NoEngine``."""
@@ -247,15 +276,13 @@ class EnginePool:
             if url not in self._engines:
                 log.info("engine %s added (%s)", url, source)
                 self._engines[url] = Engine(url, source)
+        self._roles = None
         self._on_engines(dict.fromkeys(self._engines, 1))
         self._changed()
 
-    def set_dns_addresses(self, urls: Iterable[str]) -> None:
-        """The DNS name now resolves to ``urls``; static engines stay."""
-        self.set_addresses("dns", urls)
-
     def set_addresses(self, source: str, urls: Iterable[str]) -> None:
-        """Discovery ``source`` (dns, pods) now finds ``urls``; other sources' engines stay."""
+        """Discovery ``source`` (a DNS name's, pods) now finds ``urls``; static engines and
+        other sources' engines stay."""
         wanted = {u: "static" for u in self.cfg.static}
         for u, b in self._engines.items():
             if b.source != source:
@@ -350,10 +377,11 @@ class EnginePool:
         await asyncio.gather(*(self.refresh_models(b) for b in list(self._engines.values())))
 
     async def resolve_once(self) -> None:
-        """Resolve the DNS name; keep the last answer when resolution fails."""
-        dns = self.cfg.dns
-        if dns is None:
-            return
+        """Resolve every DNS name; keep a name's last answer when its resolution fails."""
+        for dns in self.cfg.dns:
+            await self._resolve(dns)
+
+    async def _resolve(self, dns: DnsEngines) -> None:
         try:
             addresses = await self._resolver(dns.name, dns.port)
         except OSError as e:
@@ -362,7 +390,7 @@ class EnginePool:
         if not addresses:
             log.warning("%s resolved to no address; keeping the engines", dns.name)
             return
-        self.set_dns_addresses(url_for(dns.scheme, a, dns.port) for a in addresses)
+        self.set_addresses(dns.source, (url_for(dns.scheme, a, dns.port) for a in addresses))
 
     def __len__(self) -> int:
         return len(self._engines)
@@ -380,14 +408,14 @@ class EnginePool:
             await self.refresh_all_models()
 
     async def dns_loop(self) -> None:
-        """Re-resolve the DNS name every interval, forever (a new engine is probed at once)."""
-        dns = self.cfg.dns
-        if dns is None:
+        """Re-resolve the DNS names every interval, forever (a new engine is probed at once)."""
+        if not self.cfg.dns:
             return
+        interval = min(d.interval_seconds for d in self.cfg.dns)
         while True:
             before = set(self._engines)
             await self.resolve_once()
             fresh = [b for u, b in self._engines.items() if u not in before]
             if fresh:
                 await asyncio.gather(*(self.probe(b) for b in fresh))
-            await asyncio.sleep(dns.interval_seconds)
+            await asyncio.sleep(interval)

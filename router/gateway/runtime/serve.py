@@ -104,7 +104,7 @@ async def serve(
             gw.core.policy.name,
             gw.watcher.path,
             len(cfg.engines.static),
-            f", DNS {cfg.engines.dns.name}:{cfg.engines.dns.port}" if cfg.engines.dns else "",
+            "".join(f", DNS {d.name}:{d.port} ({d.role})" for d in cfg.engines.dns),
         )
         await stop.wait()
         grace = cfg.drain.grace_seconds

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import textwrap
 import types
 import typing
@@ -52,7 +53,7 @@ def test_config_chart_shape_loads_every_field() -> None:
     assert c.policy_reload.enabled and c.policy_reload.interval_seconds == 2
     assert c.engines.static == ("http://vllm-0.vllm:8000",)
     dns = DnsEngines("vllm-headless.default.svc.cluster.local", 8000, "http", 10)
-    assert c.engines.dns == dns
+    assert c.engines.dns == (dns,)
     assert c.engines.models_refresh_seconds == 30
     h = c.health
     assert (h.path, h.interval_seconds, h.timeout_seconds, h.eject_after_failures) == (
@@ -85,7 +86,14 @@ def test_config_chart_shape_equals_defaults_but_engines() -> None:
 
 # Not keys of their own: filled from the {url, api_key_env} entries of engines.static, and the
 # spelling the file gave the section.
-DERIVED = {"engines.static_key_envs", "engines.static_kinds", "engines.section", "source"}
+DERIVED = {
+    "engines.static_key_envs",
+    "engines.static_kinds",
+    "engines.static_roles",
+    "engines.static_bootstrap_ports",
+    "engines.section",
+    "source",
+}
 
 
 def documented_example() -> Any:
@@ -143,7 +151,7 @@ def test_config_empty_file_is_defaults() -> None:
 
 def test_config_empty_dns_name_means_no_dns() -> None:
     c = load_config_text("backends: {dns: {name: '', port: 8000}}", "c.yaml")
-    assert c.engines.dns is None
+    assert c.engines.dns == ()
 
 
 @pytest.mark.parametrize(
@@ -201,11 +209,97 @@ def test_config_engine_kinds_by_static_entry_and_dns_name() -> None:
     )
     e = load_config_text(text, "c.yaml").engines
     assert e.static_kinds == {"http://b:9000": "sglang"}
-    assert [e.kind_of(u) for u in ("http://a:80", "http://b:9000", "http://10.1.1.1:8000")] == [
+    found = ("http://10.1.1.1:8000", "dns:sg")
+    assert [e.kind_of(*u) for u in (("http://a:80",), ("http://b:9000",), found)] == [
         "vllm",
         "sglang",
         "sglang",
     ]
+    assert not e.disaggregated and e.role_of(*found) == "both"
+
+
+def test_config_engine_roles_by_static_entry_and_dns_name_per_pool() -> None:
+    text = """
+engines:
+  static:
+    - {url: http://p:8000, role: prefill, kind: sglang, bootstrap_port: 8998}
+    - {url: http://d:8000, role: decode}
+    - http://x:8000
+  dns:
+    - {name: prefill.svc, role: prefill, bootstrap_port: 9000}
+    - {name: decode.svc, port: 8100, role: decode}
+disaggregation: {protocol: sglang, link_gbps: 400, model: {layers: 80, kv_heads: 8, head_dim: 128}}
+"""
+    c = load_config_text(text, "c.yaml")
+    e = c.engines
+    assert e.disaggregated
+    assert e.static_roles == {"http://p:8000": "prefill", "http://d:8000": "decode"}
+    assert [e.role_of(u) for u in ("http://p:8000", "http://d:8000", "http://x:8000")] == [
+        "prefill",
+        "decode",
+        "both",
+    ]
+    assert [d.source for d in e.dns] == ["dns:prefill.svc", "dns:decode.svc"]
+    assert e.role_of("http://10.0.0.1:8000", "dns:prefill.svc") == "prefill"
+    assert e.role_of("http://10.0.0.2:8100", "dns:decode.svc") == "decode"
+    assert e.bootstrap_port_of("http://p:8000") == 8998
+    assert e.bootstrap_port_of("http://10.0.0.1:8000", "dns:prefill.svc") == 9000
+    assert e.bootstrap_port_of("http://10.0.0.2:8100", "dns:decode.svc") is None
+    d = c.disaggregation
+    assert (d.protocol, d.link_gbps, d.kv_bytes_per_token) == ("sglang", 400, 327_680)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("engines: {static: [{url: 'http://a', role: leader}]}", "engines.static[0].role: must be"),
+        ("engines: {static: [{url: 'http://a', bootstrap_port: 0}]}", "bootstrap_port: must be"),
+        ("engines: {static: [http://a, 'http://a:80']}", "is listed twice"),
+        ("engines: {dns: [a]}", "engines.dns[0]: must be"),
+        ("engines: {dns: [{name: a}, {name: a, role: decode}]}", "is listed twice"),
+        ("engines: {dns: [{name: a, api_key_env: K}, {name: b}]}", "the same api_key_env"),
+        ("disaggregation: {protocol: grpc}", "disaggregation.protocol: must be one of"),
+        ("disaggregation: {link_gbps: 0}", "disaggregation.link_gbps: must be a number"),
+        ("disaggregation: {model: {layers: 2}}", "disaggregation.model.kv_heads: is required"),
+        (
+            "disaggregation: {kv_bytes_per_token: 9, model: {layers: 1, kv_heads: 1, head_dim: 1}}",
+            "not both",
+        ),
+        ("disaggregation: {stay_below: 9}", "disaggregation.stay_below: unknown field"),
+    ],
+)
+def test_config_disaggregation_errors_name_the_field(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config_text(text, "c.yaml")
+    assert expected in str(e.value)
+
+
+def test_prefill_and_decode_flags_replace_the_static_engines() -> None:
+    base = load_config_text("engines: {static: [{url: 'http://a', role: decode}]}", "c.yaml")
+    o = with_overrides(
+        base,
+        engines=["http://a"],
+        prefill=[["http://p:8000", "8998"], ["http://q:8000"]],
+        decode=["http://d:8000"],
+    )
+    e = o.engines
+    assert e.static == ("http://a:80", "http://p:8000", "http://q:8000", "http://d:8000")
+    assert e.static_roles == {
+        "http://a:80": "decode",  # --engine keeps the file's role
+        "http://p:8000": "prefill",
+        "http://q:8000": "prefill",
+        "http://d:8000": "decode",
+    }
+    assert e.static_bootstrap_ports == {"http://p:8000": 8998}
+    for bad, says in (
+        ([["http://p", "x"]], "bootstrap port"),
+        ([["http://p", "1", "2"]], "takes URL [BOOTSTRAP_PORT]"),
+        ([["ftp://p"]], "--prefill: must start with"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            with_overrides(base, prefill=bad)
+    with pytest.raises(ConfigError, match="given twice"):
+        with_overrides(base, prefill=[["http://p"]], decode=["http://p:80"])
 
 
 def test_config_unreadable_file_names_it(tmp_path: Path) -> None:
@@ -241,7 +335,7 @@ def test_overrides_flags_replace_file_values() -> None:
         port=0,
     )
     assert o.engines.static == ("http://127.0.0.1:9",)
-    assert o.engines.dns == DnsEngines("engines.local", 9100, "http", 10)
+    assert o.engines.dns == (DnsEngines("engines.local", 9100, "http", 10),)
     assert (o.policy, o.listen.host, o.listen.port) == ("round-robin", "127.0.0.1", 0)
     assert o.health == c.health
 
@@ -271,7 +365,7 @@ def test_serve_engine_flag_and_its_released_spelling_both_work(flag: str) -> Non
     args = parser.parse_args([flag, "http://127.0.0.1:1", f"{flag}-dns", "engines.local:9"])
     c = serve.config_from_args(args)
     assert c.engines.static == ("http://127.0.0.1:1",)
-    assert c.engines.dns == DnsEngines("engines.local", 9)
+    assert c.engines.dns == (DnsEngines("engines.local", 9),)
 
 
 @pytest.mark.parametrize("key", ["engines", "backends"])

@@ -154,12 +154,12 @@ def test_pool_discovery_sources_replace_only_their_own_engines() -> None:
         lambda weights: None,
     )
     pool.set_addresses("pods", ["http://10.1.0.1:8000"])
-    pool.set_dns_addresses(["http://10.2.0.1:8000"])
+    pool.set_addresses("dns:engines", ["http://10.2.0.1:8000"])
     sources = {url: e.source for url, e in pool.engines.items()}
     assert sources == {
         "http://static:8000": "static",
         "http://10.1.0.1:8000": "pods",
-        "http://10.2.0.1:8000": "dns",
+        "http://10.2.0.1:8000": "dns:engines",
     }
     pool.set_addresses("pods", [])
     assert set(pool.engines) == {"http://static:8000", "http://10.2.0.1:8000"}

@@ -126,7 +126,8 @@ def pool_of(
     up = FakeUpstream(*engines)
     calls = Engines()
     clock = ManualClock()
-    cfg = EngineSources(static=tuple(e.url for e in engines) if static is None else static, dns=dns)
+    urls = tuple(e.url for e in engines) if static is None else static
+    cfg = EngineSources(static=urls, dns=() if dns is None else (dns,))
     return EnginePool(cfg, CFG, up, calls, clock=clock), up, calls, clock
 
 
@@ -247,17 +248,44 @@ async def test_pool_dns_adds_and_removes_engines_keeps_static_and_last_answer() 
 
     up = FakeUpstream()
     calls = Engines()
-    cfg = EngineSources(static=(A,), dns=DnsEngines("engines", 9))
+    cfg = EngineSources(static=(A,), dns=(DnsEngines("engines", 9),))
     pool = EnginePool(cfg, CFG, up, calls, resolver=resolver)
     await pool.resolve_once()
     assert set(pool.engines) == {A, "http://10.0.0.1:9", "http://10.0.0.2:9"}
-    assert pool.engines["http://10.0.0.1:9"].source == "dns"
+    assert pool.engines["http://10.0.0.1:9"].source == "dns:engines"
     await pool.resolve_once()
     assert set(pool.engines) == {A, "http://10.0.0.2:9"}
     await pool.resolve_once()  # resolution failed: keep what we had
     assert set(pool.engines) == {A, "http://10.0.0.2:9"}
     assert calls.calls[-1] == {A: 1, "http://10.0.0.2:9": 1}
     assert len(calls.calls) == 3
+
+
+async def test_pool_dns_name_per_pool_gives_each_engine_its_role_and_bootstrap_port() -> None:
+    found = {"prefill.svc": ["10.0.1.1"], "decode.svc": ["10.0.2.1", "10.0.2.2"]}
+
+    async def resolver(name: str, port: int) -> list[str]:
+        return found[name]
+
+    prefill = DnsEngines("prefill.svc", 9, role="prefill", kind="sglang", bootstrap_port=8998)
+    decode = DnsEngines("decode.svc", 9, role="decode", kind="sglang")
+    cfg = EngineSources(static=(A,), dns=(prefill, decode))
+    pool = EnginePool(cfg, CFG, FakeUpstream(), Engines(), resolver=resolver)
+    await pool.resolve_once()
+    assert set(pool.engines) == {A, "http://10.0.1.1:9", "http://10.0.2.1:9", "http://10.0.2.2:9"}
+    assert pool.roles() == {
+        "http://10.0.1.1:9": "prefill",
+        "http://10.0.2.1:9": "decode",
+        "http://10.0.2.2:9": "decode",
+    }
+    assert pool.role_of(A) == "both" and pool.kind_of(A) == "vllm"
+    assert pool.kind_of("http://10.0.2.1:9") == "sglang"
+    assert pool.bootstrap_port_of("http://10.0.1.1:9") == 8998
+    assert pool.bootstrap_port_of("http://10.0.2.1:9") is None
+    # One name's answer changes: the other name's engines stay, and the roles follow.
+    found["decode.svc"] = ["10.0.2.2"]
+    await pool.resolve_once()
+    assert pool.roles() == {"http://10.0.1.1:9": "prefill", "http://10.0.2.2:9": "decode"}
 
 
 def test_url_for_brackets_ipv6() -> None:

@@ -84,12 +84,15 @@ async def test_send_bounded_extra_aborts_dropped_and_close_cancels_the_rest() ->
 
 
 def test_engine_kind_static_entry_then_dns_name_then_vllm() -> None:
-    src = EngineSources(
-        static=(SG, VL), dns=DnsEngines("engines", kind="sglang"), static_kinds={SG: "sglang"}
-    )
-    assert [src.kind_of(u) for u in (SG, VL, "http://10.0.0.9:8000")] == [
+    dns = DnsEngines("engines", kind="sglang")
+    src = EngineSources(static=(SG, VL), dns=(dns,), static_kinds={SG: "sglang"})
+    found = "http://10.0.0.9:8000"
+    assert [
+        src.kind_of(u, s) for u, s in ((SG, "static"), (VL, "static"), (found, dns.source))
+    ] == [
         "sglang",
         "vllm",
         "sglang",
     ]
+    assert src.kind_of(found, "pods") == "vllm"
     assert EngineSources(static=(VL,)).kind_of("http://10.0.0.9:8000") == "vllm"
