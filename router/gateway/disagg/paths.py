@@ -1,13 +1,13 @@
 """Which path a request takes where prefill and decode may run apart, and the split's start.
 
 Disaggregation applies to the routes both peers' proxies split (``wire.SPLIT_ROUTES``) once
-the gateway has a ``disaggregation`` section or an engine whose role is not ``both``
-(``settings``). There ``decide`` asks the core (router.core.disaggregation's ``decide``) for
-the path instead of the aggregated decision; ``taken`` counts it and gives the decision whose
-engine answers. A whole path runs as any request, on that decision's plan, kept to the
-engines that can answer a request by themselves (``whole_plan``: under SGLang's protocol a
-prefill or decode server cannot). A split runs by its protocol (``run``:
-router.gateway.disagg.vllm, router.gateway.disagg.sglang).
+some engine's role is not ``both`` (``Services.roles``), under the ``disaggregation``
+section's settings (``Services.disaggregation``). There ``decide`` asks the core
+(router.core.disaggregation's ``decide``) for the path instead of the aggregated decision;
+``taken`` counts it and gives the decision whose engine answers. A whole path runs as any
+request, on that decision's plan, kept to the engines that can answer a request by
+themselves (``whole_plan``: under SGLang's protocol a prefill or decode server cannot). A
+split runs by its protocol (``run``: router.gateway.disagg.vllm, router.gateway.disagg.sglang).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from router.core import disaggregation
-from router.core.disaggregation import Disaggregated, DisaggSettings
+from router.core.disaggregation import Disaggregated
 from router.core.precise import TokenPrompt
 from router.core.verdict import Decision
 from router.gateway.disagg import sglang, vllm, wire
@@ -28,13 +28,6 @@ from router.gateway.disagg.prefill import Exchanging, Suspects
 from router.gateway.openai.errors import NoEngine
 from router.gateway.openai.request import Inbound
 from router.gateway.wiring import Services
-
-
-def settings(s: Services) -> DisaggSettings | None:
-    """The disaggregation settings in force (None: every engine does both, none configured)."""
-    if s.disaggregation is not None:
-        return s.disaggregation
-    return DisaggSettings() if s.roles() else None
 
 
 def decide(
@@ -47,8 +40,8 @@ def decide(
 ) -> Disaggregated | None:
     """The core's disaggregated decision for ``inbound`` (None: disaggregation does not apply,
     the aggregated decision does). A query: nothing changes, nothing is counted."""
-    rules = settings(s) if route in wire.SPLIT_ROUTES else None
-    if rules is None:
+    roles = s.roles()
+    if not roles or route not in wire.SPLIT_ROUTES:
         return None
     cands = s.pool.candidates(inbound.model)
     if within is not None:
@@ -57,8 +50,9 @@ def decide(
         return None  # nobody serves it: the aggregated path says so
     core = s.core
     session = core.session_of(headers, inbound.body)
+    rules = s.disaggregation
     return disaggregation.decide(
-        core, inbound.text, s.roles(), cands, s.clock(), rules, session, tokenized=tokenized
+        core, inbound.text, roles, cands, s.clock(), rules, session, tokenized=tokenized
     )
 
 
@@ -75,7 +69,7 @@ def taken(s: Services, split: Disaggregated) -> Decision:
 
 def whole_plan(s: Services, d: Decision, limit: int) -> tuple[str, ...]:
     """The engines of ``d``'s plan that answer a request by themselves, at most ``limit``."""
-    rules, roles = settings(s) or DisaggSettings(), s.roles()
+    rules, roles = s.disaggregation, s.roles()
     return tuple(e for e in d.plan() if rules.serves_whole(roles.get(e, "both")))[:limit]
 
 
@@ -94,7 +88,7 @@ async def run(
 ) -> web.StreamResponse:
     """Serve a split request by its protocol."""
     client = orjson.loads(raw)  # a JSON object: the exchange parsed it already
-    rules = settings(ex.s) or DisaggSettings()
+    rules = ex.s.disaggregation
     if rules.protocol == "sglang":
         return await sglang.run(ex, split, client, headers, suspects)
     return await vllm.run(ex, split, rules, client, raw, headers, suspects)

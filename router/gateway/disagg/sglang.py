@@ -113,7 +113,7 @@ async def _pair(
     s = ex.s
     dd, pd = split.decode, split.prefill
     assert dd is not None and pd is not None
-    host, port = wire.bootstrap_host(p_engine), s.bootstrap_port_of(p_engine)
+    host, port = wire.bootstrap_host(p_engine), s.pool.bootstrap_port_of(p_engine)
     body = orjson.dumps(wire.sglang(client, host, port, wire.new_room()))
     ex.receipt.attempt(d_engine, attempt)
     sent = [*headers, *ex.trace.attempt(d_engine, attempt)]
