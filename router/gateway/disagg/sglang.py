@@ -129,14 +129,18 @@ async def _pair(
 
     def prefill_ended(t: asyncio.Task[Answer]) -> None:
         nonlocal gave_up
-        if watch.answered or d_task.done() or t.cancelled():
+        if t.cancelled():
             return
-        if t.exception() is not None or t.result().status != 200:
+        error = t.exception()
+        if error is None and t.result().status == 200:
+            return
+        if watch.answered or d_task.done():
+            _late(ex, p_engine, error)
+        else:
             gave_up = True
             d_task.cancel()
 
     p_task.add_done_callback(prefill_ended)
-    handed = False  # the prefill's failure became the pair's
     done = False  # the decode attempt ended with an answer
     try:
         try:
@@ -145,7 +149,6 @@ async def _pair(
             me = asyncio.current_task()
             if not gave_up or (me is not None and me.cancelling()):
                 raise  # the client left
-            handed = True
             return _prefill_failed(ex, p_engine, p_task)
         except UpstreamError as e:
             raise PairFailed(d_engine, e) from None
@@ -154,7 +157,10 @@ async def _pair(
         return resp
     finally:
         s.core.release(d_lease)
-        await _settle(ex, p_engine, p_task, prefill, quiet=done, counted=handed)
+        if not p_task.done():
+            prefill.quiet = done  # the answer is complete: nothing to abort
+            p_task.cancel()
+        await asyncio.wait({p_task})
         s.core.release(p_lease)
 
 
@@ -170,31 +176,14 @@ def _prefill_failed(ex: Exchanging, engine: str, task: asyncio.Task[Answer]) -> 
     return refusal(ex, answer)
 
 
-async def _settle(
-    ex: Exchanging,
-    engine: str,
-    task: asyncio.Task[Answer],
-    prefill: Prefill,
-    *,
-    quiet: bool,
-    counted: bool,
-) -> None:
-    """End the pair's prefill (``quiet``: the decode is done, no abort) and count a failure
-    the pair has not already."""
-    if not task.done():
-        prefill.quiet = quiet
-        task.cancel()
-    await asyncio.wait({task})
-    if task.cancelled():
-        return
-    error = task.exception()
-    if error is None or counted:
-        return
+def _late(ex: Exchanging, engine: str, error: BaseException | None) -> None:
+    """Count a prefill that failed once its decode engine was answering (a 4xx then: nothing
+    more to say, the decode engine had the blocks)."""
     if isinstance(error, UpstreamError):
         log.info(
-            "%s %s: prefill at %s failed after its pair answered: %s",
+            "%s %s: prefill at %s failed once its pair answered: %s",
             ex.id, ex.route, engine, error,
         )  # fmt: skip
         ex._failed(engine, error, blame=not error.request_shaped)
-    else:
+    elif error is not None:
         log.warning("%s %s: prefill at %s: %s", ex.id, ex.route, engine, error)
