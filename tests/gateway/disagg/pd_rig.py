@@ -31,14 +31,20 @@ def engines(*urls: str) -> list[FakeEngine]:
 
 
 def pd(
-    protocol: WireProtocol, urls: Sequence[str], *, sglang_kind: bool = False, **settings: Any
+    protocol: WireProtocol,
+    urls: Sequence[str],
+    *,
+    sglang_kind: bool = False,
+    bootstrap_port: int | None = BOOTSTRAP_PORT,
+    **settings: Any,
 ) -> dict[str, Any]:
-    """The rig's config changes for ``urls``: roles from their names, bootstrap ports for the
-    prefill ones, SGLang's kind when asked (so attempts carry a rid and get aborts)."""
+    """The rig's config changes for ``urls``: roles from their names, ``bootstrap_port`` for
+    the prefill ones (None: unknown), SGLang's kind when asked (so attempts carry a rid and
+    get aborts)."""
     roles: dict[str, Role] = {
         u: ("prefill" if "prefill" in u else "decode") for u in urls if "both" not in u
     }
-    ports = {u: BOOTSTRAP_PORT for u in urls if "prefill" in u}
+    ports = {u: bootstrap_port for u in urls if "prefill" in u and bootstrap_port is not None}
     kinds = {u: "sglang" for u in urls} if sglang_kind else {}
     sources = EngineSources(
         static=tuple(urls), static_roles=roles, static_bootstrap_ports=ports, static_kinds=kinds
