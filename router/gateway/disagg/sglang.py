@@ -141,6 +141,9 @@ async def _pair(
             d_task.cancel()
 
     p_task.add_done_callback(prefill_ended)
+    # Given back when the prefill ends, whatever ends the pair: a client hanging up after its
+    # answer cancels this task while it waits for the prefill below.
+    p_task.add_done_callback(lambda _: s.core.release(p_lease))
     done = False  # the decode attempt ended with an answer
     try:
         try:
@@ -161,7 +164,6 @@ async def _pair(
             prefill.quiet = done  # the answer is complete: nothing to abort
             p_task.cancel()
         await asyncio.wait({p_task})
-        s.core.release(p_lease)
 
 
 def _prefill_failed(ex: Exchanging, engine: str, task: asyncio.Task[Answer]) -> web.Response:

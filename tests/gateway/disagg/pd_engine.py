@@ -19,7 +19,8 @@ both``) the way the real engines do, and refuses (400, saying why) what they wou
 ``GET /received`` lists the requests it got (path, headers, body with key order kept), the
 rids aborted and the requests cut short (client gone or aborted); ``POST /fault`` queues the
 next generation requests' failures (``{"status": 500}``, ``{"reset": true}``, ``{"hang":
-true}``); ``/metrics`` reports ``--running`` requests running besides those in flight.
+true}``) or pace (``{"token_seconds": 0.5}``); ``/metrics`` reports ``--running`` requests
+running besides those in flight.
 
     python -m tests.gateway.disagg.pd_engine --protocol vllm --role prefill --port P
 """
@@ -47,6 +48,7 @@ MODEL = "pd-model"
 ROOM_WAIT_SECONDS = 30.0
 GENERATION = ("/v1/chat/completions", "/v1/completions")
 KEPT_HEADERS = ("x-request-id", "authorization", "content-type")
+DELAY = "token_seconds"  # a request's own pace, from a fault
 
 
 @dataclass
@@ -107,9 +109,10 @@ async def _answer(
     if body.get("stream") is True:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        delay = request.get(DELAY, e.token_seconds)
         for w in words:
-            if e.token_seconds:
-                await asyncio.sleep(e.token_seconds)
+            if delay:
+                await asyncio.sleep(delay)
             part = {"index": 0, "delta": {"content": w}} if chat else {"index": 0, "text": w}
             await resp.write(b"data: " + orjson.dumps({"id": "x", "choices": [part]}) + b"\n\n")
         options = body.get("stream_options") or {}
@@ -219,8 +222,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
         e.by_rid[body["rid"]] = task
     e.inflight += 1
     try:
-        if e.faults:
-            fault = e.faults.popleft()
+        fault = e.faults.popleft() if e.faults else None
+        if fault is not None and "token_seconds" in fault:
+            request[DELAY] = float(fault["token_seconds"])
+        elif fault is not None:
             if fault.get("hang"):
                 await asyncio.sleep(3600)
             if fault.get("reset") and request.transport is not None:

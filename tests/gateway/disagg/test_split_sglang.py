@@ -140,3 +140,18 @@ async def test_a_client_leaving_aborts_both_engines(tmp_path: Path) -> None:
         await eventually(lambda: aborts(p) and aborts(d))
         assert aborts(p) == [rid_of(p)] and aborts(d) == [rid_of(d)]
         await assert_all_released(r)
+
+
+async def test_a_client_hanging_up_after_its_answer_leaves_no_load(tmp_path: Path) -> None:
+    p, d = engines(P, D)
+    async with rig(tmp_path, p, d, timeouts=SLOW, **pd("sglang", (P, D))) as r:
+        gate = asyncio.Event()
+        p.scripts.append(Script(chunks=[b'{"id": "p"}'], gate=gate))  # answers late
+        events = [sse.encode(b'{"choices": [{"delta": {"content": "a"}}]}'), sse.DONE]
+        d.scripts.append(Script(headers=dict(SSE), chunks=events))
+        resp = await r.client.post(CHAT, json=chat(stream=True))
+        assert (await resp.content.read()).endswith(sse.DONE)
+        resp.close()  # at once, as the openai client does
+        await assert_all_released(r)
+        prefill = next(x for x in r.up.responses if x.engine == P)
+        assert prefill.aborted and p.fetched == []  # closed, and no abort: the pair was done
