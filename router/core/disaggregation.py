@@ -23,6 +23,10 @@ The arithmetic behind the defaults: bytes per token = 2 (K and V) x layers x KV 
 dim x bytes per value; an 8B Llama (32 layers, 8 KV heads, 128 dims, FP16) holds 131,072 bytes
 per token, so a 4,000-token prompt is 524 MB: 42 ms over 100 Gbps, 0.42 s over 10 Gbps.
 
+``decider`` may instead fix the path by a peer's rule (``always``, ``threshold``), for
+operators who want that behaviour and for the simulator's comparisons; the estimates are still
+made and shown.
+
 Estimates are the ttft-estimate scorer's (``scorers.ttft_estimate.costs``: queued prefill,
 batch-slot waits, running requests, KV pressure), in prefill tokens, turned into seconds at
 ``prefill_tokens_per_s``. Pure: the gateway and the simulator call ``decide`` alike.
@@ -46,6 +50,13 @@ WireProtocol = Literal["vllm", "sglang"]
 PROTOCOLS: tuple[WireProtocol, ...] = ("vllm", "sglang")
 Path = Literal["whole", "split"]
 PATHS: tuple[Path, ...] = ("whole", "split")
+# How the path is chosen: ``cost`` prices both (this module's point); ``always`` splits
+# every request a prefill engine can take (SGLang's gateway, Dynamo once a prefill worker
+# registers); ``threshold`` splits when the decode engine lacks more than
+# ``threshold_tokens`` (llm-d's rule). The other two are there for operators who want a
+# peer's behaviour, and so that the simulator compares all three through the same code.
+Decider = Literal["cost", "always", "threshold"]
+DECIDERS: tuple[Decider, ...] = ("cost", "always", "threshold")
 # Why a path was taken (``Disaggregated.why``): the metrics' and /debug/route's words.
 WHYS = (
     "no-prefill-engine",  # nothing to split onto: whole where it decodes
@@ -55,6 +66,9 @@ WHYS = (
     "whole-cheaper",
     "prefill-engine-cheaper",  # whole on the prefill engine (slow link, idle prefill pool)
     "protocol-splits",  # the decode engine takes only split requests (SGLang's decode servers)
+    "decider-always",  # decider: always
+    "over-threshold",  # decider: threshold, and the decode engine lacks more than it
+    "under-threshold",  # decider: threshold, and it does not
 )
 
 
@@ -90,6 +104,8 @@ class DisaggSettings:
     # How much a decode engine's local prefill counts against it, per second of prefill,
     # when it has sequences decoding (they stall for it); 0: time to first token alone.
     decode_stall_weight: float = 1.0
+    decider: Decider = "cost"
+    threshold_tokens: int = 100  # decider: threshold
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -100,6 +116,8 @@ class DisaggSettings:
             raise ValueError("kv_bytes_per_token must be positive, stay_below_tokens >= 0")
         if self.decode_stall_weight < 0:
             raise ValueError("decode_stall_weight must be >= 0")
+        if self.decider not in DECIDERS or self.threshold_tokens < 0:
+            raise ValueError(f"decider must be one of {', '.join(DECIDERS)}, threshold >= 0")
 
     def serves_whole(self, role: Role) -> bool:
         """An engine of ``role`` answers a plain request by itself: any engine with vLLM's
@@ -249,11 +267,14 @@ def choose(
         return _whole(engine, "no-prefill-engine", dd, pd, whole, None, None, settings, lacks)
     move = settings.transfer_seconds(lacks)
     split = p_cost + move
-    if not d_whole_ok:
-        return Disaggregated(
-            "split", d_engine, p_engine, "protocol-splits", dd, pd, None, split, p_whole,
-            lacks, settings.transfer_bytes(lacks), move,
-        )  # fmt: skip
+    fixed = _fixed_rule(settings, lacks, d_whole_ok)
+    if fixed is not None:
+        if fixed in ("protocol-splits", "decider-always", "over-threshold"):
+            return Disaggregated(
+                "split", d_engine, p_engine, fixed, dd, pd, whole if d_whole_ok else None,
+                split, p_whole, lacks, settings.transfer_bytes(lacks), move,
+            )  # fmt: skip
+        return _whole(d_engine, fixed, dd, pd, whole, split, p_whole, settings, lacks)
     if lacks < settings.stay_below_tokens:
         return _whole(d_engine, "few-new-tokens", dd, pd, whole, split, p_whole, settings, lacks)
     # Split when it beats the decode engine's own prefill. When it does not pay, the
@@ -270,6 +291,17 @@ def choose(
             p_engine, "prefill-engine-cheaper", dd, pd, whole, split, p_whole, settings, lacks
         )
     return _whole(d_engine, "whole-cheaper", dd, pd, whole, split, p_whole, settings, lacks)
+
+
+def _fixed_rule(settings: DisaggSettings, lacks: int, d_whole_ok: bool) -> str | None:
+    """The path a rule fixes before any price is compared (a WHYS word), or None."""
+    if not d_whole_ok:
+        return "protocol-splits"
+    if settings.decider == "always":
+        return "decider-always"
+    if settings.decider == "threshold":
+        return "over-threshold" if lacks > settings.threshold_tokens else "under-threshold"
+    return None
 
 
 def _whole(

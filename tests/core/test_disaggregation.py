@@ -148,6 +148,22 @@ def test_a_split_decode_lease_charges_no_prefill() -> None:
     assert r.outstanding == 0
 
 
+def test_a_peer_s_rule_fixes_the_path_and_still_shows_the_prices() -> None:
+    r = core()
+    # Idle engines over a slow link: the cost decider keeps the request whole...
+    cost = decide(r, body(LONG), ROLES, ENGINES, 1.0, DisaggSettings(link_gbps=10))
+    assert cost.path == "whole"
+    # ...always splits it anyway, and a follow-up's few new tokens too.
+    always = decide(r, body(LONG), ROLES, ENGINES, 1.0, DisaggSettings(decider="always"))
+    assert always.path == "split" and always.why == "decider-always"
+    assert always.whole_seconds is not None and always.split_seconds is not None
+    over = DisaggSettings(decider="threshold", threshold_tokens=100)
+    assert decide(r, body(LONG), ROLES, ENGINES, 1.0, over).why == "over-threshold"
+    under = DisaggSettings(decider="threshold", threshold_tokens=100_000)
+    kept = decide(r, body(LONG), ROLES, ENGINES, 1.0, under)
+    assert kept.path == "whole" and kept.why == "under-threshold"
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -157,6 +173,8 @@ def test_a_split_decode_lease_charges_no_prefill() -> None:
         {"stay_below_tokens": -1},
         {"decode_stall_weight": -0.5},
         {"prefill_tokens_per_s": 0},
+        {"decider": "sometimes"},
+        {"threshold_tokens": -1},
     ],
 )
 def test_settings_refuse_nonsense(kwargs: dict[str, Any]) -> None:

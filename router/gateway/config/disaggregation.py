@@ -9,6 +9,8 @@
       prefill_tokens_per_s: 10000
       stay_below_tokens: 256
       decode_stall_weight: 1.0
+      decider: cost             # or always (every request split), threshold (split when
+      threshold_tokens: 100     #   the decode engine lacks more than threshold_tokens)
 
 The settings are the core's (router.core.disaggregation.DisaggSettings, where each is
 explained). They apply once some engine's role is prefill or decode (``engines.static[].role``,
@@ -17,7 +19,7 @@ explained). They apply once some engine's role is prefill or decode (``engines.s
 
 from __future__ import annotations
 
-from router.core.disaggregation import PROTOCOLS, DisaggSettings, ModelShape
+from router.core.disaggregation import DECIDERS, PROTOCOLS, DisaggSettings, ModelShape
 from router.core.fields import ConfigFields
 
 
@@ -53,6 +55,8 @@ def disaggregation(f: ConfigFields | None) -> DisaggSettings:
         prefill_tokens_per_s=f.number("prefill_tokens_per_s", d.prefill_tokens_per_s, 1.0, 1e9),
         stay_below_tokens=f.integer("stay_below_tokens", d.stay_below_tokens, 0, 10_000_000),
         decode_stall_weight=f.number("decode_stall_weight", d.decode_stall_weight, 0.0, 1000.0),
+        decider=f.choice("decider", d.decider, DECIDERS),  # type: ignore[arg-type]
+        threshold_tokens=f.integer("threshold_tokens", d.threshold_tokens, 0, 10_000_000),
     )
     f.done()
     return out

@@ -71,6 +71,8 @@ its default (tests/gateway/config/test_settings.py holds this example to the dat
       prefill_tokens_per_s: 10000
       stay_below_tokens: 256
       decode_stall_weight: 1.0
+      decider: cost           # or always, threshold (llm-d's rule: threshold_tokens)
+      threshold_tokens: 100
 
 This module defines ``listen``, ``policy_reload`` and ``health``, and composes every section into
 ``Config``. The others live in this package's ``serving`` (how a request is served: ``timeouts``,
