@@ -13,14 +13,15 @@ both``) the way the real engines do, and refuses (400, saying why) what they wou
   Non-streamed answers carry ``"kv_transfer_params": null``, as vLLM's do.
 - SGLang: a prefill or decode server takes only requests with ``bootstrap_host``,
   ``bootstrap_port`` and ``bootstrap_room``; a prefill marks the room ready on its bootstrap
-  server (``--bootstrap-port``), a decode waits there for its room (up to
-  ``ROOM_WAIT_SECONDS``), then answers. ``POST /abort_request {"rid"}`` stops a request.
+  server (``--bootstrap-port``) and answers its first token, a decode waits there for its
+  room (up to ``ROOM_WAIT_SECONDS``), then answers. ``POST /abort_request {"rid"}`` stops a
+  request.
 
 ``GET /received`` lists the requests it got (path, headers, body with key order kept), the
-rids aborted and the requests cut short (client gone or aborted); ``POST /fault`` queues the
-next generation requests' failures (``{"status": 500}``, ``{"reset": true}``, ``{"hang":
-true}``) or pace (``{"token_seconds": 0.5}``); ``/metrics`` reports ``--running`` requests
-running besides those in flight.
+rids aborted, the requests cut short (client gone or aborted) and how many came; ``POST
+/fault`` queues the next generation requests' failures (``{"status": 500}``, ``{"reset":
+true}``, ``{"hang": true}``) or pace (``{"token_seconds": 0.5}``); ``/metrics`` reports
+``--running`` requests running besides those in flight.
 
     python -m tests.gateway.disagg.pd_engine --protocol vllm --role prefill --port P
 """
@@ -49,6 +50,7 @@ ROOM_WAIT_SECONDS = 30.0
 GENERATION = ("/v1/chat/completions", "/v1/completions")
 KEPT_HEADERS = ("x-request-id", "authorization", "content-type")
 DELAY = "token_seconds"  # a request's own pace, from a fault
+MAX_TOKENS = 256  # a request's tokens: what it asks, up to this
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Engine:
     rooms: dict[int, asyncio.Event] = field(default_factory=dict)
     by_rid: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
     inflight: int = 0
+    total: int = 0  # generation requests received
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(100))
 
     def room(self, room: int) -> asyncio.Event:
@@ -92,7 +95,7 @@ def _refused(message: str) -> web.Response:
 
 def _tokens(body: dict[str, Any]) -> list[str]:
     n = body.get("max_completion_tokens") or body.get("max_tokens") or 4
-    return [f" t{i}" for i in range(min(int(n), 6))]
+    return [f" t{i}" for i in range(min(int(n), MAX_TOKENS))]
 
 
 async def _answer(
@@ -200,7 +203,8 @@ async def _sglang(request: web.Request, e: Engine, body: dict[str, Any]) -> web.
         return _refused("bootstrap_port must be an integer or null")
     if e.role == "prefill":
         e.room(room).set()
-        return await _answer(request, e, body, {})
+        # A prefill server generates the first token only; the decode server the rest.
+        return await _answer(request, e, {**body, "max_tokens": 1}, {})
     if port is None:
         return _error(500, "no bootstrap port to meet the prefill at")
     url = f"http://{host}:{port}/room/{room}"
@@ -216,6 +220,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body = orjson.loads(raw)
     headers = {k.lower(): v for k, v in request.headers.items() if k.lower() in KEPT_HEADERS}
     e.received.append({"path": request.path, "headers": headers, "body": body})
+    e.total += 1
     name = body.get("rid") or request.headers.get("X-Request-Id", "")
     task = asyncio.current_task()
     if isinstance(body.get("rid"), str) and task is not None:
@@ -282,7 +287,7 @@ async def fault(request: web.Request) -> web.Response:
 
 async def received(request: web.Request) -> web.Response:
     e = request.app[ENGINE]
-    doc = {"requests": list(e.received), "aborted": e.aborted, "cut": e.cut}
+    doc = {"requests": list(e.received), "aborted": e.aborted, "cut": e.cut, "total": e.total}
     return web.Response(body=orjson.dumps(doc), content_type="application/json")
 
 
