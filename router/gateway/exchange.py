@@ -23,6 +23,10 @@ router.gateway.upstream.relay's; the exchange counts how each ended (``_streamed
 cancels the handler: the engine's connection is closed at once, which stops its generation,
 and an engine that takes an abort is sent one (router.gateway.upstream.abort).
 
+In a fleet with prefill and decode engines, ``decide`` is the core's disaggregated decision
+(router.core.disaggregation); a request split between two engines is carried out by
+router.gateway.disagg through these same attempts, failure counts and retry budget.
+
 Requests go only to an engine's base URL (from config or DNS) plus the fixed API path of the
 route; nothing in a request (path, query string, headers) chooses where it is sent.
 """
