@@ -199,7 +199,7 @@ class Exchange:
             own_trace_context=s.tracing.enabled,
         )
         plan = d.plan()[: max(1, s.limits.max_attempts)]
-        if split is not None:
+        if split is not None and split.path == "whole":
             plan = disagg.whole_plan(s, d, max(1, s.limits.max_attempts))
         # Request-shaped failures (see UpstreamError.request_shaped) wait here for a verdict:
         # the engine's fault if another engine answers, the request's if another fails too.

@@ -70,7 +70,10 @@ def taken(s: Services, split: Disaggregated) -> Decision:
 def whole_plan(s: Services, d: Decision, limit: int) -> tuple[str, ...]:
     """The engines of ``d``'s plan that answer a request by themselves, at most ``limit``."""
     rules, roles = s.disaggregation, s.roles()
-    return tuple(e for e in d.plan() if rules.serves_whole(roles.get(e, "both")))[:limit]
+    plan = tuple(e for e in d.plan() if rules.serves_whole(roles.get(e, "both")))[:limit]
+    if not plan:  # the core answers whole only where an engine can: no plan is no engine
+        raise NoEngine("no engine can take the request right now")
+    return plan
 
 
 def explain(split: Disaggregated) -> dict[str, Any]:
