@@ -52,7 +52,6 @@ class Exchanging(Protocol):
     s: Services
     id: str
     route: str
-    status: int
     receipt: Receipt
     trace: RequestTrace
 
