@@ -23,6 +23,10 @@ Modules, from the request inwards:
 - ``metrics``: vLLM's metric names for ``/metrics``.
 - ``kv_publisher``: the prefix cache's stores and evictions published as vLLM's KV cache
   events, with replay.
+- ``disagg``: the engine's side of a disaggregated request (``--role``) and its wait for the
+  other engine; ``disagg_wire``: the fields vLLM's ``kv_transfer_params`` and SGLang's bootstrap
+  carry, and the role's settings; ``disagg_vllm``: a prefill's blocks held for pulling, and
+  the pull; ``disagg_sglang``: the bootstrap server where both sides of a room meet.
 - ``app``: the aiohttp app: routes, pacing of streams, faults, ``/stats`` and ``/reset``.
 - ``cli``: the ``engine-sim`` subcommand's options and process.
 - ``model_files``: a simulated model's tokenizer files (a small BPE trained on a fixed corpus

@@ -9,7 +9,11 @@ POST /reset (empty the cache, the clock and the counters); POST /fault (below); 
 (vLLM's shape: ``{"model", "prompt"}`` or ``{"model", "messages", ...}`` answers
 ``{"tokens": [...], "count": N, "max_model_len": M}``, the ids of ``tokens.token_ids``);
 POST /abort_request (SGLang's: ``{"rid": ...}`` or ``{"abort_all": true}``; what a closed
-connection and an abort stop is ``router.enginesim.cancel``'s).
+connection and an abort stop is ``router.enginesim.cancel``'s); POST /kv/pull (a decode engine
+reads a prefill's KV, ``router.enginesim.disagg_vllm``).
+
+A request's side in prefill/decode disaggregation, and its wait for the other engine, are
+``router.enginesim.disagg``'s: they come before its admission.
 
 With ``SimSettings.events`` the prefix cache publishes its KV cache events as vLLM does
 (``router.enginesim.kv_publisher``): every admission's stored and evicted blocks, and
@@ -64,6 +68,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from router import hostport
 from router.enginesim.api_replies import reply_for
 from router.enginesim.cancel import Runs
+from router.enginesim.disagg import Disagg
+from router.enginesim.disagg_vllm import PULL_PATH
 from router.enginesim.engine import Engine, SimSettings, Ticket
 from router.enginesim.kv_publisher import CacheEvents, Publisher
 from router.enginesim.metrics import registry_for
@@ -108,6 +114,7 @@ REGISTRY = web.AppKey("registry", CollectorRegistry)
 EVENTS = web.AppKey("events", CacheEvents)
 PUBLISHER = web.AppKey("publisher", Publisher)
 STORE = web.AppKey("store", ResponseStore)
+DISAGG = web.AppKey("disagg", Disagg)
 # What /tokenize reports as the context length (engine-sim has no limit of its own).
 MAX_MODEL_LEN = 131_072
 
@@ -220,17 +227,21 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     drop = await _take_fault(request)
     store = request.app[STORE]
     gen = parse_generation(await request.read(), endpoint, engine.settings, store.continued)
-    ticket = engine.admit(gen.keys, gen.prompt_tokens, gen.max_tokens)
+    rid = gen.rid or request.headers.get("X-Request-Id") or ""
+    close = functools.partial(_abort, request)
+    side = await request.app[DISAGG].arrive(gen, rid, close)
+    gen = side.gen
+    ticket = engine.admit(gen.keys, gen.prompt_tokens, gen.max_tokens, side.transferred)
     events = request.app.get(EVENTS)
     if events is not None and gen.text is not None:
         # Right after admission, with no await between: events leave in cache order.
         ids = functools.partial(token_ids, gen.text)
         request.app[PUBLISHER].publish(events.admitted(gen.keys, ids, engine.now()))
     runs = request.app[RUNS]
-    rid = gen.rid or request.headers.get("X-Request-Id") or ""
-    run = runs.start(rid, ticket, gen.max_tokens, gen.choices, functools.partial(_abort, request))
+    run = runs.start(rid, ticket, gen.max_tokens, gen.choices, close)
     try:
-        reply = reply_for(gen, engine.settings.model, ticket.cached, store)
+        await side.handover(ticket)
+        reply = side.answer(reply_for(gen, engine.settings.model, ticket.cached, store))
         if gen.stream:
             return await _stream(request, engine, reply, ticket, drop)
         return await _answer(request, engine, reply, ticket, drop)
@@ -242,6 +253,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         if not drop and (transport is None or transport.is_closing()):
             runs.left(run)  # a write found the client gone
         runs.finish(run)
+        side.close()
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -310,13 +322,14 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     """GET /stats: the engine's counters as JSON."""
-    return _json(request.app[ENGINE].stats())
+    return _json({**request.app[ENGINE].stats(), **request.app[DISAGG].stats()})
 
 
 async def reset(request: web.Request) -> web.Response:
     """POST /reset: empty the cache, the clock and the counters; answer the fresh stats."""
     engine = request.app[ENGINE]
     engine.reset()
+    request.app[DISAGG].held.close()
     request.app[STORE].clear()
     events = request.app.get(EVENTS)
     if events is not None:
@@ -357,6 +370,7 @@ async def abort_request(request: web.Request) -> web.Response:
     """POST /abort_request: stop the requests of a rid, SGLang's way (router.enginesim.cancel)."""
     rid = parse_abort(await request.read())
     request.app[RUNS].abort(rid)
+    request.app[DISAGG].abort(rid)
     return web.Response()
 
 
@@ -392,6 +406,8 @@ def build_app(settings: SimSettings) -> web.Application:
     app[REGISTRY] = registry_for(engine)
     app[RUNS] = Runs(engine)
     app.on_cleanup.append(_end_runs)
+    disagg = app[DISAGG] = Disagg(engine)
+    app.cleanup_ctx.append(disagg.lifetime)
     app[STORE] = ResponseStore()
     if settings.events is not None:
         spec = settings.spec
@@ -420,6 +436,7 @@ def build_app(settings: SimSettings) -> web.Application:
             web.post("/load", extra_load),
             web.post("/tokenize", tokenize),
             web.post("/abort_request", abort_request),
+            web.post(PULL_PATH, disagg.serve_pull),
         ]
     )
     return app
@@ -455,6 +472,7 @@ async def serving(
         site = web.TCPSite(runner, host, port)
         await site.start()
         bound = runner.addresses[0][1] if port == 0 else port
+        runner.app[DISAGG].serving_at(host, bound)
         yield f"http://{hostport.join(host, bound)}"
     finally:
         await runner.cleanup()

@@ -15,8 +15,10 @@ from typing import Any
 
 from router import hostport
 from router.core.blocks import CHARS_PER_TOKEN
+from router.core.disaggregation import DEFAULT_KV_BYTES_PER_TOKEN, ROLES, DisaggSettings
 from router.core.engine_model import EngineSpec
 from router.enginesim.app import serving
+from router.enginesim.disagg_wire import DEFAULT_WAIT_SECONDS, LOAD_FAILURES, RoleSettings
 from router.enginesim.engine import DEFAULT_MODEL, ENGINE_KINDS, SimSettings
 from router.enginesim.kv_publisher import ENCODINGS, HASH_KINDS, EventSettings
 from router.eventloop import loop_factory
@@ -43,6 +45,14 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
             hashes=args.kv_events_hashes,
             host=args.host,
         )
+    roles = RoleSettings(
+        role=args.role,
+        link=DisaggSettings(link_gbps=args.link_gbps, kv_bytes_per_token=args.kv_bytes_per_token),
+        host=args.host,
+        bootstrap_port=args.bootstrap_port,
+        wait_seconds=args.transfer_timeout,
+        load_failure=args.kv_load_failure,
+    )
     return SimSettings(
         model=args.model,
         spec=spec,
@@ -51,6 +61,7 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
         api_key=args.api_key,
         tokenizer=LocalTokenizer.load(args.tokenizer) if args.tokenizer else None,
         kind=args.kind,
+        roles=roles,
     )
 
 
@@ -142,6 +153,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="count prompts in this tokenizer's ids (a tokenizer.json, or a model's folder with "
         "its chat template) rather than in 4-character pieces: in the cache, the KV events "
         "and POST /tokenize",
+    )
+    pd = parser.add_argument_group(
+        "Prefill/decode disaggregation",
+        "The engine's role, spoken in the protocol of --kind (vLLM's kv_transfer_params or "
+        "SGLang's bootstrap rooms).",
+    )
+    pd.add_argument(
+        "--role",
+        choices=ROLES,
+        default="both",
+        help="prefill: prefills for decode engines; decode: decodes what prefill engines "
+        "prefilled; both: an ordinary engine (default: %(default)s)",
+    )
+    pd.add_argument(
+        "--link-gbps",
+        type=_positive(float),
+        default=DisaggSettings().link_gbps,
+        metavar="G",
+        help="the prefill-to-decode link in Gbit/s, for the simulated transfer "
+        "(default: %(default)s)",
+    )
+    pd.add_argument(
+        "--kv-bytes-per-token",
+        type=_positive(int),
+        default=DEFAULT_KV_BYTES_PER_TOKEN,
+        metavar="B",
+        help="what one token's KV cache weighs (default: %(default)s, an 8B Llama in FP16)",
+    )
+    pd.add_argument(
+        "--bootstrap-port",
+        type=int,
+        default=0,
+        metavar="P",
+        help="an SGLang prefill engine's bootstrap server port (default: 0, a free port, "
+        "reported in /stats as bootstrap_port)",
+    )
+    pd.add_argument(
+        "--transfer-timeout",
+        type=_positive(float),
+        default=DEFAULT_WAIT_SECONDS,
+        metavar="S",
+        help="how long held KV waits to be pulled and one side of a request waits for the "
+        "other (default: %(default)s)",
+    )
+    pd.add_argument(
+        "--kv-load-failure",
+        choices=LOAD_FAILURES,
+        default="fail",
+        help="a decode engine whose KV cannot be pulled: fail the request, or prefill it "
+        "here (vLLM's kv_load_failure_policy; default: %(default)s)",
     )
     ev = parser.add_argument_group(
         "KV cache events", "Publish the prefix cache's stores and evictions as vLLM does (ZMQ)."

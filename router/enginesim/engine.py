@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from router.core.engine_model import EngineClock, EngineSpec, PrefixCache, Schedule, kv_in_use
+from router.enginesim.disagg_wire import RoleSettings
 
 if TYPE_CHECKING:
     from router.enginesim.kv_publisher import EventSettings
@@ -51,7 +52,9 @@ class SimSettings:
     # A model's tokenizer: prompts are its ids (router.enginesim.tokens); None: text pieces.
     tokenizer: LocalTokenizer | None = None
     # vllm: a closed connection stops a request; sglang: only its abort (or its end) does.
+    # It is also the disaggregation protocol the engine speaks (router.enginesim.disagg).
     kind: EngineKind = "vllm"
+    roles: RoleSettings = field(default_factory=RoleSettings)
 
 
 @dataclass(slots=True)
@@ -67,6 +70,16 @@ class Counters:
     tokens_after_disconnect: int = 0
     aborted: int = 0  # requests stopped by POST /abort_request
     disconnected: int = 0  # requests whose connection closed before their end
+    # Generation requests by their path through a disaggregated fleet (router.enginesim.disagg).
+    whole: int = 0
+    prefilled_for_remote: int = 0
+    decoded_from_remote: int = 0
+    # KV moved to this engine from a prefill engine, and the simulated time on the link.
+    transferred_tokens: int = 0
+    transferred_bytes: int = 0
+    transfer_seconds: float = 0.0
+    transfer_failures: int = 0  # KV that could not be had from, or given to, the other side
+    kv_expired: int = 0  # prefills whose held blocks nobody pulled in time
 
 
 @dataclass(slots=True)
@@ -117,19 +130,29 @@ class Engine:
         # Test hook (POST /load): requests reported waiting on top of the real ones, as if
         # other clients queued them.
         self.extra_waiting = 0
+        # Requests waiting for their KV from (or their decode side at) another engine: queued
+        # like any waiting request (router.enginesim.disagg).
+        self.pd_waiting = 0
         self._ids = itertools.count()
         # The W3C trace contexts the latest generation requests came with, newest last, so a
         # test can see which span a router made the engine's parent.
         self.traceparents: deque[str] = deque(maxlen=TRACEPARENTS_KEPT)
 
-    def admit(self, keys: Sequence[int], prompt_tokens: int, output_tokens: int) -> Ticket:
-        """Look the prompt up in the cache (then cache it), schedule it, count it."""
+    def admit(
+        self, keys: Sequence[int], prompt_tokens: int, output_tokens: int, transferred: int = 0
+    ) -> Ticket:
+        """Look the prompt up in the cache (then cache it), schedule it, count it.
+
+        ``transferred``: prompt tokens whose KV came from another engine; they are cached
+        like the rest, and not prefilled here.
+        """
         now = self.now()
         cached = self.cache.lookup_and_insert(keys, prompt_tokens, now)
         if self.settings.fast:
             schedule = Schedule(now, now, now, now)
         else:
-            schedule = self.clock.admit(now, prompt_tokens - cached, output_tokens)
+            uncached = max(0, prompt_tokens - cached - transferred)
+            schedule = self.clock.admit(now, uncached, output_tokens)
         c = self.counters
         c.requests += 1
         c.prompt_tokens += prompt_tokens
@@ -138,6 +161,13 @@ class Engine:
         self._inflight[ticket.rid] = schedule
         self._prompts[ticket.rid] = (prompt_tokens, cached)
         return ticket
+
+    def held_tokens(self, keys: Sequence[int], prompt_tokens: int) -> int:
+        """The prompt tokens the cache holds now, without caching the prompt (a decode engine
+        pulls the rest); like admission, the last token is always computed."""
+        # A look-up alone: PrefixCache offers it only with the insertion.
+        hit = self.cache._blocks.leading(list(keys)) * self.cache.block_tokens
+        return min(hit, max(0, prompt_tokens - 1))
 
     def release(self, ticket: Ticket) -> None:
         """Forget a finished, failed or abandoned request; count the tokens it did send."""
@@ -151,7 +181,7 @@ class Engine:
         """In-flight requests as (running, waiting): waiting ones have not begun prefill."""
         now = self.now()
         waiting = sum(1 for s in self._inflight.values() if s.prefill_start > now)
-        return len(self._inflight) - waiting, waiting + self.extra_waiting
+        return len(self._inflight) - waiting, waiting + self.extra_waiting + self.pd_waiting
 
     def cache_usage(self) -> float:
         """The share of the KV cache running requests hold, from 0 to 1 (vLLM's meaning)."""
@@ -199,6 +229,15 @@ class Engine:
             "aborted": c.aborted,
             "disconnected": c.disconnected,
             "kind": self.settings.kind,
+            "role": self.settings.roles.role,
+            "whole": c.whole,
+            "prefilled_for_remote": c.prefilled_for_remote,
+            "decoded_from_remote": c.decoded_from_remote,
+            "transferred_tokens": c.transferred_tokens,
+            "transferred_bytes": c.transferred_bytes,
+            "transfer_seconds": c.transfer_seconds,
+            "transfer_failures": c.transfer_failures,
+            "kv_expired": c.kv_expired,
             "cache_hit_ratio": c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
             "running": running,
             "waiting": waiting,

@@ -2,7 +2,11 @@
 
 Dashboards and load probes written for vLLM read engine-sim unchanged: the same names, labelled
 ``model_name``. Each app owns its registry, so several engines in one process (tests) never
-share a counter.
+share a counter. What vLLM has no name for, a disaggregated engine's paths and transfers, is
+under ``enginesim:``: requests by path (``enginesim:pd_requests{path}``: whole,
+prefilled-for-remote, decoded-from-remote), KV moved in (``enginesim:kv_transfer_tokens``,
+``_bytes``, ``_seconds`` of simulated link time), failed transfers and the role
+(``enginesim:role_info{role}``, value 1).
 """
 
 from __future__ import annotations
@@ -59,6 +63,45 @@ class EngineCollector(Collector):
         )
         info.add_metric([str(spec.block_tokens), str(spec.capacity_tokens // spec.block_tokens)], 1)
         yield info
+        yield from self._disaggregation(model)
+
+    def _disaggregation(self, model: list[str]) -> Iterable[Metric]:
+        c = self._engine.counters
+        paths = CounterMetricFamily(
+            "enginesim:pd_requests",
+            "Generation requests by their path through a disaggregated fleet.",
+            labels=["model_name", "path"],
+        )
+        for path, value in (
+            ("whole", c.whole),
+            ("prefilled-for-remote", c.prefilled_for_remote),
+            ("decoded-from-remote", c.decoded_from_remote),
+        ):
+            paths.add_metric([*model, path], value)
+        yield paths
+        moved: tuple[tuple[str, str, float], ...] = (
+            (
+                "enginesim:kv_transfer_tokens",
+                "Prompt tokens whose KV was moved in.",
+                c.transferred_tokens,
+            ),
+            ("enginesim:kv_transfer_bytes", "KV bytes moved in.", c.transferred_bytes),
+            (
+                "enginesim:kv_transfer_seconds",
+                "Simulated link time of the KV moved in.",
+                c.transfer_seconds,
+            ),
+            ("enginesim:kv_transfer_failures", "KV transfers that failed.", c.transfer_failures),
+        )
+        for name, doc, amount in moved:
+            m = CounterMetricFamily(name, doc, labels=["model_name"])
+            m.add_metric(model, amount)
+            yield m
+        role = GaugeMetricFamily(
+            "enginesim:role_info", "The engine's role in a disaggregated fleet.", labels=["role"]
+        )
+        role.add_metric([self._engine.settings.roles.role], 1)
+        yield role
 
 
 def registry_for(engine: Engine) -> CollectorRegistry:

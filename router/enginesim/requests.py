@@ -6,8 +6,9 @@ is one of the gateway's error classes (``router.gateway.openai.errors``), which 
 vLLM's dialect. On top of that come the fields only an engine reads: ``stream_options``,
 ``max_tokens`` (``max_completion_tokens`` for chat; clamped to ``MAX_TOKENS_CAP``), ``n``, a
 completions batch of prompts, SGLang's ``rid``, the embeddings ``input`` and
-``encoding_format``. The bodies of ``POST /fault`` and ``POST /abort_request`` are read here
-too. Nothing here does I/O.
+``encoding_format``, and on chat and completions the disaggregation fields
+(``router.enginesim.disagg_wire``). The bodies of ``POST /fault`` and ``POST /abort_request``
+are read here too. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.core.blocks import RoutingText
+from router.enginesim.disagg_wire import NONE, PdFields, parse_pd
 from router.enginesim.engine import FAULT_MODES, Fault, SimSettings
 from router.enginesim.tokens import prefix_keys, prompt_text, prompt_tokens, text_tokens
 from router.gateway.openai.errors import BadRequest, NotFound
@@ -49,6 +51,8 @@ MAX_TOKENS_FIELD = {
 }
 # Routes whose streams always report usage, and that know no ``n`` or ``stream_options``.
 FRONT_DOORS = frozenset({Endpoint.RESPONSES, Endpoint.MESSAGES})
+# The routes the engines' disaggregation serves (and the peers' proxies split).
+PD_ROUTES = frozenset({Endpoint.CHAT, Endpoint.COMPLETIONS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,7 @@ class Generation:
     rid: str | None = None  # SGLang's request id field, when the body names one
     # Responses: the conversation in the chat form, stored turns first (router.enginesim.stored)
     history: tuple[Mapping[str, Any], ...] = ()
+    pd: PdFields = NONE  # what it says of prefill/decode disaggregation
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +174,7 @@ def parse_generation(
         text=text,
         rid=body["rid"] if isinstance(body.get("rid"), str) else None,
         history=tuple(inbound.chat["messages"]) if inbound.chat is not None else (),
+        pd=parse_pd(body) if endpoint in PD_ROUTES else NONE,
     )
 
 

@@ -13,6 +13,7 @@ import math
 import struct
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,9 @@ class Reply:
     cached: int
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
+    # Top-level fields the non-streamed body carries besides OpenAI's (vLLM's
+    # ``kv_transfer_params``).
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def _chat(self) -> bool:
@@ -130,6 +134,7 @@ class Reply:
                 "model": self.model,
                 "choices": choices,
                 "usage": self.usage(),
+                **self.extra,
             }
         )
 

@@ -178,3 +178,31 @@ async def test_tokenize_prompt_and_errors() -> None:
         assert (await post(http, "/tokenize", {"model": "other", "prompt": "x"}))[0] == 404
         assert (await post(http, "/tokenize", {"model": MODEL}))[0] == 400
     await asyncio.sleep(0)
+
+
+async def test_decode_engine_publishes_the_blocks_it_pulled() -> None:
+    # A vLLM engine of any role decodes what a prefill engine answered: it pulls the prompt
+    # and holds its blocks, as events say.
+    async with (
+        publishing() as (http, sub, _),
+        serving(FAST) as prefill_url,
+        aiohttp.ClientSession(prefill_url) as prefill,
+    ):
+        body = chat(prompt(10))
+        ask = {**body, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
+        status, answer = await post(prefill, "/v1/chat/completions", ask)
+        assert status == 200
+        decode = {**body, "kv_transfer_params": answer["kv_transfer_params"]}
+        status, out = await post(http, "/v1/chat/completions", decode)
+        assert status == 200
+        _, events = await next_events(sub)
+        (stored,) = events
+        assert isinstance(stored, BlockStored)
+        ids = await tokenize(http, {"model": MODEL, "messages": body["messages"]})
+        blocks = EngineBlocks(100)
+        change = blocks.apply(stored)
+        assert change is not None and list(change.stored) == token_keys(ids, BLOCK)
+        assert out["usage"]["prompt_tokens"] == len(ids)
+        async with http.get("/stats") as resp:
+            got = await resp.json()
+        assert (got["decoded_from_remote"], got["transferred_tokens"]) == (1, len(ids))
