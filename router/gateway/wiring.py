@@ -167,6 +167,7 @@ class Gateway:
                 connections_rejected=lambda: self.connections.rejected,
                 engine_reports=self._engine_reports,
                 queue_depth=lambda: self.admission.depth(),
+                roles=lambda: self.pool.roles(),
             )
         )
         self.retry_budget = RetryBudget(BudgetRules(ratio=config.limits.retry_budget_percent / 100))
