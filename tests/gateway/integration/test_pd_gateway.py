@@ -95,7 +95,9 @@ def fleet(
             procs.append(engine)
             (prefill if role == "prefill" else decode).append(engine)
             extra = f", bootstrap_port: {port}" if port else ""
-            kind = ", kind: sglang" if protocol == "sglang" else ""
+            # The prefill entries leave their kind out: under SGLang's protocol the gateway
+            # aborts them as SGLang servers all the same.
+            kind = ", kind: sglang" if protocol == "sglang" and role == "decode" else ""
             entries.append(f'    - {{url: "{engine.url}", role: {role}{kind}{extra}}}')
         config = tmp / "serve.yaml"
         config.write_text(CONFIG.format(entries="\n".join(entries), protocol=protocol))
