@@ -341,12 +341,14 @@ def test_every_docstring_and_comment_reference_resolves(name: str) -> None:
 def test_only_the_runtime_the_app_and_the_exchange_import_the_wiring() -> None:
     # The composition root builds everything; below it, nothing may reach back up into it.
     # The exchange takes its ``Services`` record from there, and imports nothing else of it;
-    # so does the endpoint picker, the exchange's counterpart for Envoy.
+    # so do the endpoint picker, the exchange's counterpart for Envoy, and the split requests
+    # the exchange hands to ``disagg``.
     wiring = f"{GATEWAY}.wiring"
     allowed = {f"{GATEWAY}.app", f"{GATEWAY}.exchange"}
     picker = f"{GATEWAY}.extproc"
+    split = f"{GATEWAY}.disagg"
     for name in MODULES:
-        within = any(_within(name, p) for p in (f"{GATEWAY}.runtime", picker))
+        within = any(_within(name, p) for p in (f"{GATEWAY}.runtime", picker, split))
         if within or name in allowed or name == wiring:
             continue
         assert wiring not in imports(name), f"{name} imports the wiring"

@@ -29,6 +29,8 @@ One request, one ``exchange``; every sub-package serves it, and each opens with 
 - ``precise/``: precise mode: the engines' KV events, the request's token ids, and which
   engines are precise.
 - ``replicas/``: this gateway as one replica of a gossiping fleet.
+- ``disagg/``: prefill/decode disaggregation: a request split across a prefill and a decode
+  engine, in vLLM's or SGLang's protocol.
 - ``extproc/``: the endpoint picker: the same decisions for Envoy's ext_proc filter (the
   Gateway API Inference Extension), over gRPC on its own port.
 - ``config/``: the config file's model, strict loading and overrides, the engines' API keys,
@@ -42,8 +44,8 @@ new scorer is a core plugin (router.core), never gateway code.
 
 Import rules (tests/test_architecture.py): ``openai`` imports nothing else of the gateway;
 ``upstream`` imports only ``openai``; ``fleet`` never imports ``inbound`` or ``exchange``; only
-``runtime`` imports ``app``; only ``runtime``, ``app``, ``exchange`` and ``extproc`` (for
-``Services``) import ``wiring``; only ``runtime`` imports ``extproc``.
+``runtime`` imports ``app``; only ``runtime``, ``app``, ``exchange``, ``disagg`` and ``extproc``
+(for ``Services``) import ``wiring``; only ``runtime`` imports ``extproc``.
 
 Words used throughout: an *engine* is one inference server (``backend`` survives only in
 released contracts: ``--backend``, ``backends:``, ``/debug/backends``, ``/ready``'s

@@ -21,6 +21,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from router.gateway.disagg import paths as disagg
 from router.gateway.exchange import Exchange, decide
 from router.gateway.inbound.auth import auth_middleware
 from router.gateway.inbound.body import read_body
@@ -148,6 +149,9 @@ async def debug_route(request: web.Request) -> web.Response:
         route = request.query["route"]
     inbound = gw.models.rewrite(await gw.bodies.parse(raw, route), raw)[0]
     tokenized = await gw.tokenizer(inbound) if gw.tokenizer is not None else None
+    split = disagg.decide(gw.services, route, inbound, request.headers, tokenized)
+    if split is not None:  # both estimates, the transfer and the path chosen
+        return _json({"policy": gw.core.policy.name, **disagg.explain(split)})
     d = decide(gw.services, inbound, request.headers, tokenized)
     return _json({"policy": gw.core.policy.name, **d.explain()})
 

@@ -23,6 +23,10 @@ router.gateway.upstream.relay's; the exchange counts how each ended (``_streamed
 cancels the handler: the engine's connection is closed at once, which stops its generation,
 and an engine that takes an abort is sent one (router.gateway.upstream.abort).
 
+In a fleet with prefill and decode engines, ``decide`` is the core's disaggregated decision
+(router.core.disaggregation); a request split between two engines is carried out by
+router.gateway.disagg through these same attempts, failure counts and retry budget.
+
 Requests go only to an engine's base URL (from config or DNS) plus the fixed API path of the
 route; nothing in a request (path, query string, headers) chooses where it is sent.
 """
@@ -41,6 +45,7 @@ from router.core.decision import Lease
 from router.core.precise import TokenPrompt
 from router.core.verdict import Decision
 from router.gateway import stored_responses
+from router.gateway.disagg import paths as disagg
 from router.gateway.inbound.admission import priority_of, tenant_of
 from router.gateway.inbound.auth import KEY_NAME
 from router.gateway.inbound.body import read_body
@@ -61,7 +66,7 @@ from router.gateway.openai.errors import (
 from router.gateway.openai.request import Inbound
 from router.gateway.receipt import RECEIPT, Receipt
 from router.gateway.upstream import relay
-from router.gateway.upstream.client import UpstreamRequest, UpstreamResponse
+from router.gateway.upstream.client import Upstream, UpstreamRequest, UpstreamResponse
 from router.gateway.upstream.deadline import Deadline
 from router.gateway.upstream.engine_errors import public_error
 from router.gateway.upstream.headers import UsageTail, client_headers, engine_headers
@@ -173,7 +178,12 @@ class Exchange:
         s = self.s
         tokenized = await s.tokenize(inbound) if s.tokenize is not None else None
         t = time.perf_counter()
-        d = decide(s, inbound, self.request.headers, tokenized)
+        # Where prefill and decode may run apart, the core's disaggregated decision answers.
+        split = disagg.decide(s, self.route, inbound, self.request.headers, tokenized)
+        if split is None:
+            d = decide(s, inbound, self.request.headers, tokenized)
+        else:
+            d = disagg.taken(s, split)
         s.metrics.decision.observe(time.perf_counter() - t)
         self.trace.decision(d, time.perf_counter() - t)
         self.receipt.decision = d
@@ -189,11 +199,15 @@ class Exchange:
             own_trace_context=s.tracing.enabled,
         )
         plan = d.plan()[: max(1, s.limits.max_attempts)]
+        if split is not None and split.path == "whole":
+            plan = disagg.whole_plan(s, d, max(1, s.limits.max_attempts))
         # Request-shaped failures (see UpstreamError.request_shaped) wait here for a verdict:
         # the engine's fault if another engine answers, the request's if another fails too.
         suspects: list[tuple[str, UpstreamError]] = []
         s.retry_budget.enter()
         try:
+            if split is not None and split.path == "split":
+                return await disagg.run(self, split, raw, headers, suspects)
             return await self._attempts(d, plan, raw, headers, suspects)
         finally:
             s.retry_budget.leave(self.retries)
@@ -205,16 +219,19 @@ class Exchange:
         raw: bytes,
         headers: Sequence[tuple[str, str]],
         suspects: list[tuple[str, UpstreamError]],
+        *,
+        prefills: bool = True,  # False: the engines get the prompt's KV cache by transfer
+        upstream: Upstream | None = None,  # what the attempts go through (s.upstream)
     ) -> web.StreamResponse:
         s = self.s
         for attempt, engine in enumerate(plan, 1):
             if attempt > 1:
                 await self._before_retry(attempt, engine)
             self.receipt.attempt(engine, attempt)
-            lease = s.core.acquire(d, engine, s.clock())
+            lease = s.core.acquire(d, engine, s.clock(), prefills=prefills)
             try:
                 resp = await self._attempt(
-                    lease, raw, [*headers, *self.trace.attempt(engine, attempt)]
+                    lease, raw, [*headers, *self.trace.attempt(engine, attempt)], upstream
                 )
             except UpstreamError as e:
                 self.trace.attempt_end(e.label)
@@ -287,7 +304,11 @@ class Exchange:
         self.trace.first_byte()
 
     async def _attempt(
-        self, lease: Lease, raw: bytes, headers: Sequence[tuple[str, str]]
+        self,
+        lease: Lease,
+        raw: bytes,
+        headers: Sequence[tuple[str, str]],
+        upstream: Upstream | None = None,
     ) -> web.StreamResponse:
         """One attempt at ``lease.engine``; ``UpstreamError`` while the client has no byte."""
         s, engine = self.s, lease.engine
@@ -301,7 +322,7 @@ class Exchange:
         try:
             deadline.start(first_byte)
             try:
-                resp = await s.upstream.send(
+                resp = await (upstream or s.upstream).send(
                     UpstreamRequest(engine, self.route, tuple(headers), payload)
                 )
                 first = await resp.read_chunk()

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from router.core.load import EngineReport, Load
+from router.gateway.disagg.metrics import DisaggMetrics, inflight_by_role
 from router.gateway.quality import RoutingQuality
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ class FleetView:
     # Client connections open, and those refused by reason (router.gateway.inbound.connections).
     connections_open: Callable[[], int] = lambda: 0
     connections_rejected: Callable[[], Mapping[str, int]] = lambda: {}
+    # Engines whose role is not both (router.core.disaggregation), for the in-flight per role.
+    roles: Callable[[], Mapping[str, str]] = lambda: {}
 
 
 class _FleetCollector(Collector):
@@ -111,8 +114,10 @@ class _FleetCollector(Collector):
             "1 when the backend is a routing candidate, 0 when pending or ejected.",
             labels=["backend"],
         )
+        inflight: list[tuple[str, int]] = []
         for url, ok in v.engines():
             load = v.local_load(url)
+            inflight.append((url, load.requests))
             reqs.add_metric([url], load.requests)
             toks.add_metric([url], load.tokens)
             healthy.add_metric([url], 1 if ok else 0)
@@ -171,6 +176,7 @@ class _FleetCollector(Collector):
             depth,
             conns,
             refused,
+            inflight_by_role(inflight, v.roles()),
             *_gossip_families(v.gossip()),
         ]
 
@@ -308,6 +314,7 @@ class Metrics:
         r.register(_FleetCollector(view))
         self._codes: dict[str, set[str]] = {}
         self.quality = RoutingQuality(r)  # the kvrouter_prefix_* and not-deepest counters
+        self.disagg = DisaggMetrics(r)  # decisions by path, estimated transfers
 
     def engine_request(self, engine: str, code: str) -> None:
         self._codes.setdefault(engine, set()).add(code)

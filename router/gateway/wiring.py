@@ -167,12 +167,13 @@ class Gateway:
                 connections_rejected=lambda: self.connections.rejected,
                 engine_reports=self._engine_reports,
                 queue_depth=lambda: self.admission.depth(),
+                roles=lambda: self.pool.roles(),
             )
         )
         self.retry_budget = RetryBudget(BudgetRules(ratio=config.limits.retry_budget_percent / 100))
         self.aborts = Aborts(
             self.upstream,
-            lambda engine: self.pool.kind_of(engine),
+            self._kind_of,
             lambda result: self.metrics.engine_aborts.labels(result).inc(),
         )
         self.pool = EnginePool(
@@ -272,6 +273,13 @@ class Gateway:
             receipts=Receipts(config.access_log, self.metrics.quality, self.core.precise),
             disaggregation=config.disaggregation,
         )
+
+    def _kind_of(self, engine: str) -> str:
+        """How ``engine`` takes an abort: its configured kind; a prefill or decode engine
+        under SGLang's protocol is an SGLang server whatever its entry says."""
+        if self.config.disaggregation.protocol == "sglang" and self.pool.role_of(engine) != "both":
+            return "sglang"
+        return self.pool.kind_of(engine)
 
     def _healthy(self) -> Mapping[str, bool]:
         return {url: b.healthy for url, b in self.pool.engines.items()}

@@ -105,6 +105,11 @@ ROUTER_METRICS: Mapping[str, str] = {
     "kvrouter_prefix_achieved_tokens_total": "counter",
     "kvrouter_prefix_belief_error_tokens_total": "counter",
     "kvrouter_decisions_not_deepest_total": "counter",
+    # Prefill/decode disaggregation (router.gateway.disagg.metrics).
+    "kvrouter_disagg_decisions_total": "counter",
+    "kvrouter_disagg_transfer_bytes_total": "counter",
+    "kvrouter_disagg_transfer_seconds": "histogram",
+    "kvrouter_role_inflight_requests": "gauge",
 }
 
 # HTTP paths `kvrouter serve` answers besides /v1/*.

@@ -12,7 +12,11 @@ them. The names are the Gateway API Inference Extension's (its proposal
   ``x-gateway-destination-endpoint-subset``, a list of ``ip:port``;
 - the endpoint that served, in the response phase: ``envoy.lb`` /
   ``x-gateway-destination-endpoint-served`` (or a response header of that name);
-- a refusal: an ``ImmediateResponse`` with the HTTP status and an OpenAI error body.
+- a refusal: an ``ImmediateResponse`` with the HTTP status and an OpenAI error body;
+- a split request (prefill and decode apart, router.core.disaggregation): the pick is the
+  decode engine, and ``x-prefiller-host-port`` names the prefill engine's ``ip:port``, as
+  llm-d's routing sidecar beside the decode engine reads it (it runs vLLM's protocol from
+  there). A client's own value never reaches the engine.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ SUBSET = "x-gateway-destination-endpoint-subset"
 FAIRNESS = "x-gateway-inference-fairness-id"
 OBJECTIVE = "x-gateway-inference-objective"
 MODEL_REWRITE = "x-gateway-model-name-rewrite"
+PREFILLER = "x-prefiller-host-port"
 # Read by the picker and not the engine's business: removed from the request Envoy sends on.
 CONTROL_HEADERS = (FAIRNESS, OBJECTIVE, MODEL_REWRITE, SERVED)
 
@@ -107,13 +112,21 @@ def pick_metadata(endpoints: Sequence[str]) -> struct_pb2.Struct:
     return md
 
 
-def pick_mutation(endpoints: Sequence[str], content_length: int | None) -> ep.HeaderMutation:
+def pick_mutation(
+    endpoints: Sequence[str], content_length: int | None, prefiller: str | None = None
+) -> ep.HeaderMutation:
     """The request's headers for Envoy to send on: the pick set, the picker's own removed,
-    and the length of a body the picker rewrote."""
+    the length of a body the picker rewrote, and a split's prefill engine (else none: a
+    client cannot name one)."""
     sets = [_header(DESTINATION, ",".join(endpoints))]
     if content_length is not None:
         sets.append(_header("content-length", str(content_length)))
-    return ep.HeaderMutation(set_headers=sets, remove_headers=list(CONTROL_HEADERS))
+    removed = list(CONTROL_HEADERS)
+    if prefiller is None:
+        removed.append(PREFILLER)
+    else:
+        sets.append(_header(PREFILLER, prefiller))
+    return ep.HeaderMutation(set_headers=sets, remove_headers=removed)
 
 
 def request_headers_answer(

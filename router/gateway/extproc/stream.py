@@ -9,12 +9,17 @@
         -> the pick: header mutation + envoy.lb dynamic metadata (the plan, in order)
         -> refused: an ImmediateResponse (400s, 429 shed, 503 nothing can serve)
     response headers: the endpoint that served; the lease moves to it if Envoy fell back;
-        200 -> record the prefix (the first byte), publish the delta
+        200 -> record the prefix (the first byte), publish the delta (a split request: on its
+        prefill engine too, whose answer the decode engine's first byte implies)
     response body chunks -> the usage tail; end_of_stream (or the trailers) -> release
         (with response_body_mode NONE, the response's headers are its end)
     the stream ends before that (Envoy reset it, or closed it early) -> release what is held
 
-Every exit releases the lease and leaves admission exactly once (``close``). In full-duplex
+Where prefill and decode run apart, the pick is router.gateway.disagg's decision: a whole
+path's plan kept to engines that answer alone, or a split's decode engine with the prefill
+engine named in a header (router.gateway.extproc.messages) and leased too.
+
+Every exit releases the leases and leaves admission exactly once (``close``). In full-duplex
 streamed mode Envoy forwards only the body bytes the answers carry, so the request body goes
 back whole once the pick is made (in chunks of ``CHUNK_BYTES``), and each response chunk is
 passed back as it comes.
@@ -33,6 +38,7 @@ import orjson
 
 from router.core.decision import Lease
 from router.core.verdict import Decision
+from router.gateway.disagg import paths as disagg
 from router.gateway.exchange import GENERATION_ROUTES, decide
 from router.gateway.extproc import messages as msg
 from router.gateway.extproc.endpoints import Endpoints
@@ -99,6 +105,7 @@ class PickerStream:
         self.route = ""
         self.decision: Decision | None = None
         self.lease: Lease | None = None
+        self.prefill_lease: Lease | None = None  # a split request's prefill engine
         self.admitted = False
         self.phase = Phase.REQUEST
         self.status = 0
@@ -212,10 +219,11 @@ class PickerStream:
         except GatewayError as e:
             return self._refuse(e)
         m = self.p.metrics
-        if body is None:
+        prefiller = self._prefiller()
+        if body is None and prefiller is None:
             pick = msg.pick_answer(tuple(endpoints), self.full_duplex)
         else:
-            mutation = msg.pick_mutation(endpoints, len(body))
+            mutation = msg.pick_mutation(endpoints, None if body is None else len(body), prefiller)
             metadata = msg.pick_metadata(endpoints)
             pick = (
                 msg.request_headers_answer(mutation, metadata)
@@ -252,18 +260,36 @@ class PickerStream:
         self.admitted = True
         tokenized = await s.tokenize(inbound) if s.tokenize is not None else None
         t = time.perf_counter()
-        d = decide(s, inbound, headers, tokenized, within=self.subset)
+        split = disagg.decide(s, self.route, inbound, headers, tokenized, within=self.subset)
+        d = decide(s, inbound, headers, tokenized, within=self.subset) if split is None else (
+            disagg.taken(s, split)
+        )  # fmt: skip
         s.metrics.decision.observe(time.perf_counter() - t)
         if d.engine is None:
             raise NoEngine("no engine can take the request right now")
         s.metrics.overlap.observe(d.overlap_ratio)
-        plan = d.plan()[: max(1, s.limits.max_attempts)]
+        limit = max(1, s.limits.max_attempts)
+        apart = split is not None and split.path == "split"
+        # A split's fallbacks are other decode engines, with the same prefill engine.
+        whole = split is not None and not apart
+        plan = disagg.whole_plan(s, d, limit) if whole else d.plan()[:limit]
         endpoints = [e for e in map(self.p.endpoints.endpoint_of, plan) if e is not None]
         if self.p.endpoints.endpoint_of(d.engine) is None:
             raise NoEngine(f"the engine picked, {d.engine}, has no address yet")
         self.decision = d
-        self.lease = s.core.acquire(d, d.engine, s.clock())
+        if apart:
+            assert split is not None and split.prefill is not None
+            prefill = split.prefill_engine
+            if prefill is None or self.p.endpoints.endpoint_of(prefill) is None:
+                raise NoEngine(f"the prefill engine picked, {prefill}, has no address yet")
+            self.prefill_lease = s.core.acquire(split.prefill, prefill, s.clock())
+        self.lease = s.core.acquire(d, d.engine, s.clock(), prefills=not apart)
         return endpoints, rewritten
+
+    def _prefiller(self) -> str | None:
+        """A split request's prefill engine as ``ip:port`` (None: not split)."""
+        lease = self.prefill_lease
+        return None if lease is None else self.p.endpoints.endpoint_of(lease.engine)
 
     def _candidates(self, model: str) -> tuple[str, ...]:
         cands = self.s.pool.candidates(model)
@@ -338,12 +364,15 @@ class PickerStream:
             self.p.metrics.served_fallback.inc()
             s.pool.report_failure(lease.engine, "Envoy fell back from it", request_shaped=True)
             s.core.release(lease)
-            self.lease = lease = s.core.acquire(d, engine, s.clock())
+            prefills = self.prefill_lease is None
+            self.lease = lease = s.core.acquire(d, engine, s.clock(), prefills=prefills)
         s.metrics.engine_request(lease.engine, str(self.status))
         if self.status == 200:
-            delta = s.core.record(lease, s.clock())
-            if delta is not None:
-                s.publish(delta)
+            for held in (self.prefill_lease, lease):
+                if held is not None:
+                    delta = s.core.record(held, s.clock())
+                    if delta is not None:
+                        s.publish(delta)
             s.pool.report_success(lease.engine)
 
     def _finish(self) -> None:
@@ -367,9 +396,10 @@ class PickerStream:
     def _end(self) -> None:
         s = self.s
         self.phase = Phase.DONE
-        if self.lease is not None:
-            s.core.release(self.lease)
-            self.lease = None
+        for held in (self.prefill_lease, self.lease):
+            if held is not None:
+                s.core.release(held)
+        self.lease = self.prefill_lease = None
         if self.admitted:
             self.admitted = False
             s.admission.leave()
