@@ -92,6 +92,10 @@ KV_TRANSFER_ANSWER: dict[str, Any] = {
 }
 
 
+# The prompts' text: a few hundred tokens, so that a router deciding by cost splits them too.
+REPORT = " ".join(f"Section {i}: the harvest rose in region {i}." for i in range(40))
+
+
 async def send_as_the_sdk(base_url: str, route: str, stream: bool) -> None:
     """The client's request, sent by OpenAI's Python SDK as an application would: chat with
     ``max_completion_tokens`` (the SDK's spelling), completions with ``max_tokens``, both with
@@ -106,14 +110,14 @@ async def send_as_the_sdk(base_url: str, route: str, stream: bool) -> None:
         if route == "chat":
             messages: list[Any] = [
                 {"role": "system", "content": "You are a careful assistant."},
-                {"role": "user", "content": "Name three prime numbers."},
+                {"role": "user", "content": f"{REPORT}\nName its three findings."},
             ]
             answer: Any = await client.chat.completions.create(
                 messages=messages, max_completion_tokens=8, **common
             )
         else:
             answer = await client.completions.create(
-                prompt="Three prime numbers are", max_tokens=8, **common
+                prompt=f"{REPORT}\nIts three findings are", max_tokens=8, **common
             )
         if stream:
             async for _ in answer:

@@ -178,16 +178,6 @@ def test_pools_only_no_warning_about_missing_engines() -> None:
     assert "Prefill/decode disaggregation (vllm protocol, 100 Gbps link)" in notes
 
 
-def test_pools_sglang_protocol_without_sglang_kind_warned_in_notes() -> None:
-    warning = "set kind: sglang"
-    assert warning in render(_values(VLLM_POOLS, {"protocol": "sglang"})).notes
-    assert (
-        warning
-        not in render(_values({**VLLM_POOLS, "kind": "sglang"}, {"protocol": "sglang"})).notes
-    )
-    assert warning not in render(_values(VLLM_POOLS)).notes
-
-
 @pytest.mark.parametrize(
     ("values", "reason"),
     [
