@@ -8,12 +8,16 @@ what is measured is the router's plumbing):
   prefill request, read whole, then the decode request, relayed;
 - sglang: the same with SGLang's engines (``--kind sglang``), the two requests sent at once.
 
+With ``--pace N`` the engines stream N tokens a second, each its own chunk, as a served
+model does (the relay's per-chunk work then counts as it does in production).
+
 Each router takes ``--requests`` streamed chat requests at ``--concurrency`` per round, the
 routers' order rotated each round; CPU is the router process's utime + stime. Engine round
 trips per request are the engines' own request counts (``/stats``) over the client's
 requests. Then one request at a time, in turns, for the TTFT each path adds.
 
     python -m bench.pd_cost [--requests 1000] [--concurrency 32] [--rounds 3] [--latency 200]
+        [--pace 0] [--max-tokens 16]
 """
 
 from __future__ import annotations
@@ -57,11 +61,15 @@ def engine_requests(engines: Sequence[Proc]) -> int:
     return total
 
 
-def fleet(setup: str, tmp: Path, procs: list[Proc]) -> tuple[Proc, list[Proc]]:
-    """The router of ``setup`` and its engines, started and ready."""
+def fleet(setup: str, tmp: Path, procs: list[Proc], pace: float) -> tuple[Proc, list[Proc]]:
+    """The router of ``setup`` and its engines, started and ready; ``pace``: tokens a second
+    per stream, each its own chunk (0: ``--fast``)."""
+    timing = ["--fast"]
+    if pace:
+        timing = ["--prefill-tokens-per-s", "1e12", "--decode-tokens-per-s", f"{pace:g}"]
 
     def sim(*extra: str) -> Proc:
-        p = start_ready(["engine-sim", "--fast", *extra], tmp, name=f"{setup}-engine")
+        p = start_ready(["engine-sim", *timing, *extra], tmp, name=f"{setup}-engine")
         procs.append(p)
         return p
 
@@ -96,11 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency", type=int, default=200, help="one-at-a-time requests")
     ap.add_argument("--prompt-chars", type=int, default=2000)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--pace", type=float, default=0.0, help="tokens/s per stream (0: --fast)")
     args = ap.parse_args(argv)
     cpu: dict[str, list[float]] = {s: [] for s in SETUPS}
     trips: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp, running([]) as procs:
-        setups = {s: fleet(s, Path(tmp), procs) for s in SETUPS}
+        setups = {s: fleet(s, Path(tmp), procs, args.pace) for s in SETUPS}
 
         def body(i: int) -> dict[str, object]:
             return chat_body(i, args.prompt_chars, args.max_tokens)
@@ -125,9 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         paths = {s: constant(setups[s][0].url) for s in SETUPS}
         timings = asyncio.run(interleaved(paths, args.latency, body))
     base = cpu["aggregated"]
+    timing = f"{args.pace:g} tokens/s per stream" if args.pace else "engine-sim --fast"
     print(
-        f"Router CPU per streamed request, {args.rounds} rounds of {args.requests} at "
-        f"concurrency {args.concurrency}; then {args.latency} requests one at a time"
+        f"Router CPU per streamed request ({timing}, {args.max_tokens} tokens), "
+        f"{args.rounds} rounds of {args.requests} at concurrency {args.concurrency}; "
+        f"then {args.latency} requests one at a time"
     )
     print("| setup | CPU ms/req per round | median ratio to aggregated | engine requests per "
           "request | TTFT p50 | TTFT p99 |")  # fmt: skip
