@@ -54,8 +54,8 @@ async def test_the_gateway_sends_what_the_peers_proxy_sends(
             body = placed(sent, want["body"])
             assert same(body, want["body"]), (side, body, want["body"])
             for name, value in want["headers"].items():
-                sent = header(got, name)
-                assert (REQUEST_ID if sent == CLIENT_ID else sent) == value, name
+                given = header(got, name)
+                assert (REQUEST_ID if given == CLIENT_ID else given) == value, name
 
 
 async def test_debug_route_shows_both_estimates_and_the_path(tmp_path: Path) -> None:
