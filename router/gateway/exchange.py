@@ -208,7 +208,9 @@ class Exchange:
         try:
             if split is not None and split.path == "split":
                 return await disagg.run(self, split, raw, headers, suspects)
-            return await self._attempts(d, plan, raw, headers, suspects)
+            # Where disaggregation applies, a whole answer loses the protocols' fields too.
+            upstream = disagg.stripping(s) if split is not None else None
+            return await self._attempts(d, plan, raw, headers, suspects, upstream=upstream)
         finally:
             s.retry_budget.leave(self.retries)
 

@@ -24,9 +24,11 @@ from router.core.disaggregation import Disaggregated
 from router.core.precise import TokenPrompt
 from router.core.verdict import Decision
 from router.gateway.disagg import sglang, vllm, wire
+from router.gateway.disagg.answers import StrippingUpstream
 from router.gateway.disagg.prefill import Exchanging, Suspects
 from router.gateway.openai.errors import NoEngine
 from router.gateway.openai.request import Inbound
+from router.gateway.upstream.client import Upstream
 from router.gateway.wiring import Services
 
 
@@ -74,6 +76,12 @@ def whole_plan(s: Services, d: Decision, limit: int) -> tuple[str, ...]:
     if not plan:  # the core answers whole only where an engine can: no plan is no engine
         raise NoEngine("no engine can take the request right now")
     return plan
+
+
+def stripping(s: Services) -> Upstream:
+    """The upstream whole runs of a disaggregated fleet go through: vLLM's engines answer
+    ``"kv_transfer_params": null`` to a plain request as well, and a client never sees it."""
+    return StrippingUpstream(s.upstream)
 
 
 def explain(split: Disaggregated) -> dict[str, Any]:
