@@ -323,19 +323,10 @@ class Exchange:
         gone = False  # the client left (or the engine never started answering) mid-attempt
         try:
             deadline.start(first_byte)
-            try:
-                resp = await (upstream or s.upstream).send(
-                    UpstreamRequest(engine, self.route, tuple(headers), payload)
-                )
-                first = await resp.read_chunk()
-            except asyncio.CancelledError:
-                if deadline.expired():
-                    relay.stopping(deadline)
-                    msg = f"{engine} sent no response within {first_byte:g}s"
-                    raise FirstByteTimeout(msg, engine) from None
-                raise
-            finally:
-                deadline.stop()
+            request = UpstreamRequest(engine, self.route, tuple(headers), payload)
+            resp, first = await relay.first_bytes(
+                upstream or s.upstream, request, deadline, first_byte, "response"
+            )
             body = relay.Body(resp, engine, deadline, s.timeouts.idle_stream_seconds)
             if resp.status >= 500:
                 whole = await body.rest(first, MAX_ERROR_BODY_BYTES)

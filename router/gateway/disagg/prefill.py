@@ -125,19 +125,10 @@ class Prefill:
         s.drain.watch(deadline)
         try:
             deadline.start(first_byte)
-            try:
-                resp = await s.upstream.send(
-                    UpstreamRequest(engine, ex.route, tuple(headers), payload)
-                )
-                first = await resp.read_chunk()
-            except asyncio.CancelledError:
-                if deadline.expired():
-                    relay.stopping(deadline)
-                    msg = f"{engine} sent no prefill answer within {first_byte:g}s"
-                    raise FirstByteTimeout(msg, engine) from None
-                raise
-            finally:
-                deadline.stop()
+            request = UpstreamRequest(engine, ex.route, tuple(headers), payload)
+            resp, first = await relay.first_bytes(
+                s.upstream, request, deadline, first_byte, "prefill answer"
+            )
             whole = await _read(relay.Body(resp, engine, deadline, idle), first)
             finished = True
             if resp.status >= 500:

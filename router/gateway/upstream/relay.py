@@ -29,13 +29,14 @@ import orjson
 from aiohttp import web
 
 from router.gateway.openai.errors import (
+    FirstByteTimeout,
     IdleStreamTimeout,
     ResponseTooLarge,
     ShuttingDown,
     UpstreamError,
 )
 from router.gateway.openai.sse import DONE
-from router.gateway.upstream.client import UpstreamResponse
+from router.gateway.upstream.client import Upstream, UpstreamRequest, UpstreamResponse
 from router.gateway.upstream.deadline import Deadline
 from router.gateway.upstream.headers import UsageTail, client_headers
 
@@ -69,6 +70,29 @@ def stopping(deadline: Deadline) -> None:
     """Raise ``ShuttingDown`` when the gateway's stop, not the engine, ended the wait."""
     if deadline.was_cut:
         raise ShuttingDown("the gateway is shutting down; retry the request") from None
+
+
+async def first_bytes(
+    upstream: Upstream, request: UpstreamRequest, deadline: Deadline, seconds: float, what: str
+) -> tuple[UpstreamResponse, bytes]:
+    """Send ``request`` and wait for its answer's first bytes, within ``seconds`` of the
+    started ``deadline``; ``FirstByteTimeout`` (naming ``what`` did not come) when it runs
+    out. An answer whose first bytes never came is aborted before the error goes up."""
+    engine = request.engine
+    try:
+        resp = await upstream.send(request)
+        try:
+            return resp, await resp.read_chunk()
+        except BaseException:
+            resp.abort()
+            raise
+    except asyncio.CancelledError:
+        if deadline.expired():
+            stopping(deadline)
+            raise FirstByteTimeout(f"{engine} sent no {what} within {seconds:g}s", engine) from None
+        raise
+    finally:
+        deadline.stop()
 
 
 class Body:
