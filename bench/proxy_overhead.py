@@ -121,9 +121,9 @@ def by_route(router: Proc, args: argparse.Namespace, concurrency: int) -> dict[s
                     route,
                 )
             )
-            for key, value in got.items():
-                totals[route][key] += value
-            totals[route]["rounds"].append(got["cpu_seconds"] * 1000 / max(1.0, got["requests"]))
+            for key in ("requests", "seconds", "cpu_seconds", "failures"):
+                totals[route][key] += got[key]
+            totals[route]["rounds"].append(got["cpu_ms_per_request"])
     return totals
 
 
