@@ -13,6 +13,19 @@ begins with empty caches:
   frontends behind ``kvrouter serve`` with the kv-aware preset, its index told the engines'
   capacity.
 
+The two paths must cost the same hops for TTFT to compare. kvrouter's has one HTTP proxy more
+than Dynamo's frontend alone: each mocker's own frontend. So by default (``--dynamo-hop
+kvrouter``) Dynamo's frontend stands behind ``kvrouter serve`` with the round-robin preset
+over that one frontend: a pass-through. Both paths are then client -> kvrouter -> Dynamo
+frontend -> mockers, the same processes in the same order; what differs is only who decides
+(kvrouter's kv-aware policy over four frontends, or Dynamo's KV router behind a kvrouter that
+has one choice) and the frontends' count (four single-worker ones against one for all). A
+hand-written pass-through would cost what it happens to cost, not what kvrouter's hop costs;
+Dynamo's frontend routes only over workers of its own runtime, not HTTP engines, so its KV
+router cannot stand where kvrouter does. ``--dynamo-hop none`` runs Dynamo's frontend alone,
+as the first measurements did (its TTFT then lacks the hop kvrouter's rows pay). Round-robin
+rows through both paths show whether the hops match: their TTFT should agree.
+
 Neither needs etcd or NATS: discovery is Dynamo's file backend, one folder per fleet (or per
 engine). The workload is multi-tenant, multi-turn chat (``SyntheticSpec``, ``--tenants``
 system prompts), replayed open-loop at its arrival times over ``--speedup``, streamed, each
@@ -31,7 +44,8 @@ Dynamo is not a dependency of kvrouter; install it apart and name its interprete
         prometheus-client pyzmq redis tqdm transformers zstandard pydantic uvloop kubernetes
     python -m bench.dynamo_compare --dynamo-python /opt/dynamo/bin/python \\
         [--engines 4] [--tenants 32] [--requests 1500] [--cache-share 0.4] \\
-        [--prefill-load-scale 8]
+        [--prefill-load-scale 8] [--dynamo-hop kvrouter|none] \\
+        [--indexes approximate precise] [--block-chars 512]
 
 (``aisimulate``, which ai-dynamo lists, downloads from elsewhere and only Dynamo's planner
 needs it: hence ``--no-deps`` and the list by hand.)
@@ -195,6 +209,21 @@ def main() -> None:
     ap.add_argument("--prefill-load-scale", type=float, nargs="*", default=[8.0])
     ap.add_argument("--logs", type=Path, help="keep the processes' logs in this folder")
     ap.add_argument("--routers", nargs="+", default=["dynamo", "kvrouter"], help="which to run")
+    ap.add_argument(
+        "--indexes",
+        nargs="+",
+        choices=["approximate", "precise"],
+        default=["approximate", "precise"],
+        help="kvrouter kv-aware's rows: its own predictions, the mockers' KV events",
+    )
+    ap.add_argument("--block-chars", type=int, help="kvrouter's block_chars (default the preset's)")
+    ap.add_argument(
+        "--dynamo-hop",
+        choices=["kvrouter", "none"],
+        default="kvrouter",
+        help="in front of Dynamo's frontend: kvrouter round-robin (the hop kvrouter's fleet "
+        "has), or nothing",
+    )
     args = ap.parse_args()
     spec = SyntheticSpec(
         requests=args.requests,
@@ -252,13 +281,21 @@ def main() -> None:
                 front = dyn.frontend(store, f"dynamo-{n}-frontend", mode, flags)
                 every = partial(_knows_workers, front, mode, args.engines)
                 wait_until(every, "every mocker known", STARTUP_SECONDS)
+                target = front.url
+                if args.dynamo_hop == "kvrouter":
+                    # The hop kvrouter's fleet has: one more HTTP proxy, here kvrouter itself
+                    # passing everything to the one frontend (round-robin over one engine).
+                    hop = _serve(preset_path("round-robin"), [front.url], tmp)
+                    procs.append(hop)
+                    target = hop.url
+                    label += ", behind kvrouter round-robin"
                 results = asyncio.run(
-                    replay_conversations(front.url, bodies, times, sessions, args.speedup)
+                    replay_conversations(target, bodies, times, sessions, args.speedup)
                 )
                 rows.append(summary(label, results, ideal))
                 print(markdown_table(_HEAD, rows[-1:]), flush=True)
-        variants = [("round-robin", "approximate"), ("kv-aware", "approximate")]
-        variants.append(("kv-aware", "precise"))
+        variants = [("round-robin", "approximate")]
+        variants += [("kv-aware", index) for index in args.indexes]
         for preset, index in variants if "kvrouter" in args.routers else ():
             # Precise: the mockers' KV events, and the engines' tokenizer for the token ids.
             with running([]) as procs:
@@ -275,16 +312,15 @@ def main() -> None:
                     feeds.append(ports)
                 capacity = router_capacity if index == "approximate" else blocks * BLOCK_TOKENS
                 policy = tmp / f"{preset}-{index}.yaml"
-                policy.write_text(_policy_with_capacity(preset, capacity))
-                cmd = ["serve", "--policy", str(policy), "--host", LOOPBACK]
+                policy.write_text(_policy_with(preset, capacity, args.block_chars))
+                extra: list[str] = []
                 for e, ports in zip(engines, feeds, strict=True):
-                    cmd += ["--engine", e.url]
                     if ports is not None:
                         ev, replay_port = (f"tcp://{LOOPBACK}:{p}" for p in ports)
-                        cmd += ["--kv-events", f"{e.url}={ev},{replay_port}"]
+                        extra += ["--kv-events", f"{e.url}={ev},{replay_port}"]
                 if index == "precise":
-                    cmd += ["--tokenizer", str(model)]
-                router = start_ready(cmd, tmp, ready_path="/ready")
+                    extra += ["--tokenizer", str(model)]
+                router = _serve(policy, [e.url for e in engines], tmp, extra)
                 procs.append(router)
                 results = asyncio.run(
                     replay_conversations(router.url, bodies, times, sessions, args.speedup)
@@ -293,6 +329,14 @@ def main() -> None:
                 print(markdown_table(_HEAD, rows[-1:]), flush=True)
         print()
         print(markdown_table(_HEAD, rows))
+
+
+def _serve(policy: Path, engines: Sequence[str], logs: Path, extra: Sequence[str] = ()) -> Proc:
+    """``kvrouter serve`` with ``policy`` over ``engines``, ready."""
+    cmd = ["serve", "--policy", str(policy), "--host", LOOPBACK]
+    for url in engines:
+        cmd += ["--engine", url]
+    return start_ready([*cmd, *extra], logs, ready_path="/ready")
 
 
 _HEAD = ["router", "hit ratio", "/ ideal", "TTFT p50", "TTFT p99", "failed"]
@@ -315,10 +359,14 @@ def _knows_workers(front: Proc, mode: str, n: int) -> bool:
     return members >= n and (mode != "kv" or log.count("Adding worker") >= n)
 
 
-def _policy_with_capacity(preset: str, tokens: int) -> str:
-    """The preset with its index told the engines' capacity, as an operator would set it."""
+def _policy_with(preset: str, tokens: int, block_chars: int | None) -> str:
+    """The preset with its index told the engines' capacity, as an operator would set it, and
+    ``block_chars`` when given."""
     text = preset_path(preset).read_text()
-    return text.replace("engine_capacity_tokens: 1000000", f"engine_capacity_tokens: {tokens}")
+    text = text.replace("engine_capacity_tokens: 1000000", f"engine_capacity_tokens: {tokens}")
+    if block_chars is not None:
+        text = text.replace("\nblock_chars: 512\n", f"\nblock_chars: {block_chars}\n")
+    return text
 
 
 if __name__ == "__main__":
