@@ -45,7 +45,8 @@ Dynamo is not a dependency of kvrouter; install it apart and name its interprete
     python -m bench.dynamo_compare --dynamo-python /opt/dynamo/bin/python \\
         [--engines 4] [--tenants 32] [--requests 1500] [--cache-share 0.4] \\
         [--prefill-load-scale 8] [--dynamo-hop kvrouter|none] \\
-        [--indexes approximate precise] [--block-chars 512]
+        [--kvrouter-rows round-robin approximate precise] [--block-chars 512] \\
+        [--load-tokens-in-router-tokens]
 
 (``aisimulate``, which ai-dynamo lists, downloads from elsewhere and only Dynamo's planner
 needs it: hence ``--no-deps`` and the list by hand.)
@@ -210,13 +211,20 @@ def main() -> None:
     ap.add_argument("--logs", type=Path, help="keep the processes' logs in this folder")
     ap.add_argument("--routers", nargs="+", default=["dynamo", "kvrouter"], help="which to run")
     ap.add_argument(
-        "--indexes",
+        "--kvrouter-rows",
         nargs="+",
-        choices=["approximate", "precise"],
-        default=["approximate", "precise"],
-        help="kvrouter kv-aware's rows: its own predictions, the mockers' KV events",
+        choices=_KVROUTER_ROWS,
+        default=list(_KVROUTER_ROWS),
+        help="round-robin; kv-aware on its own predictions (approximate) or the mockers' KV "
+        "events (precise)",
     )
     ap.add_argument("--block-chars", type=int, help="kvrouter's block_chars (default the preset's)")
+    ap.add_argument(
+        "--load-tokens-in-router-tokens",
+        action="store_true",
+        help="approximate: ttft-estimate's wait_tokens and running_tokens read in the router's "
+        "tokens (times its tokens per engine token), as the prompt is",
+    )
     ap.add_argument(
         "--dynamo-hop",
         choices=["kvrouter", "none"],
@@ -294,9 +302,9 @@ def main() -> None:
                 )
                 rows.append(summary(label, results, ideal))
                 print(markdown_table(_HEAD, rows[-1:]), flush=True)
-        variants = [("round-robin", "approximate")]
-        variants += [("kv-aware", index) for index in args.indexes]
-        for preset, index in variants if "kvrouter" in args.routers else ():
+        rows_wanted = args.kvrouter_rows if "kvrouter" in args.routers else []
+        for row in rows_wanted:
+            preset, index = _KVROUTER_ROWS[row]
             # Precise: the mockers' KV events, and the engines' tokenizer for the token ids.
             with running([]) as procs:
                 dyn = Dynamo(args.dynamo_python, tmp, model, blocks, args.mocker_speedup, procs)
@@ -312,7 +320,10 @@ def main() -> None:
                     feeds.append(ports)
                 capacity = router_capacity if index == "approximate" else blocks * BLOCK_TOKENS
                 policy = tmp / f"{preset}-{index}.yaml"
-                policy.write_text(_policy_with(preset, capacity, args.block_chars))
+                text = _policy_with(preset, capacity, args.block_chars)
+                if index == "approximate" and args.load_tokens_in_router_tokens:
+                    text = _load_tokens_scaled(text, chars / tokens / 4)
+                policy.write_text(text)
                 extra: list[str] = []
                 for e, ports in zip(engines, feeds, strict=True):
                     if ports is not None:
@@ -339,6 +350,13 @@ def _serve(policy: Path, engines: Sequence[str], logs: Path, extra: Sequence[str
     return start_ready([*cmd, *extra], logs, ready_path="/ready")
 
 
+# Each kvrouter row: its preset and its index.
+_KVROUTER_ROWS = {
+    "round-robin": ("round-robin", "approximate"),
+    "approximate": ("kv-aware", "approximate"),
+    "precise": ("kv-aware", "precise"),
+}
+
 _HEAD = ["router", "hit ratio", "/ ideal", "TTFT p50", "TTFT p99", "failed"]
 
 
@@ -357,6 +375,16 @@ def _knows_workers(front: Proc, mode: str, n: int) -> bool:
     log = re.sub(r"\x1b\[[0-9;]*m", "", front.log_path.read_text(errors="replace"))  # colours
     members = max((int(m) for m in re.findall(r"members=(\d+)", log)), default=0)
     return members >= n and (mode != "kv" or log.count("Adding worker") >= n)
+
+
+def _load_tokens_scaled(policy: str, router_per_engine: float) -> str:
+    """The kv-aware preset's ``wait_tokens`` and ``running_tokens``, prefill tokens the engine
+    counts, in the router's tokens: the unit its approximate prompt counts are in."""
+
+    def scaled(m: re.Match[str]) -> str:
+        return f"{m[1]}{round(int(m[2]) * router_per_engine)}"
+
+    return re.sub(r"(\n    (?:wait|running)_tokens: )(\d+)", scaled, policy)
 
 
 def _policy_with(preset: str, tokens: int, block_chars: int | None) -> str:
