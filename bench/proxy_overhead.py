@@ -206,9 +206,10 @@ def tracing_cost(args: argparse.Namespace) -> int:
     )
     print(f"  {'tracing':<14} {'CPU ms/req per round':<40} {'median ratio to off':>20}")
     for r in ratios:
-        name = "off" if r is None else f"ratio {r:g}"
         if isinstance(r, Path):
             name = "baseline" if args.baseline_ratio is None else f"base {args.baseline_ratio:g}"
+        else:
+            name = "off" if r is None else f"ratio {r:g}"
         rounds = " ".join(f"{c:.3f}" for c in cpu[r])
         ratio = statistics.median(c / off for c, off in zip(cpu[r], cpu[None], strict=True))
         print(f"  {name:<14} {rounds:<40} {ratio:>20.3f}")
