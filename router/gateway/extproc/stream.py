@@ -40,7 +40,7 @@ import orjson
 from router.core.decision import Lease
 from router.core.verdict import Decision
 from router.gateway.disagg import paths as disagg
-from router.gateway.exchange import GENERATION_ROUTES, decide
+from router.gateway.exchange import decide
 from router.gateway.extproc import messages as msg
 from router.gateway.extproc.endpoints import Endpoints
 from router.gateway.extproc.metrics import EppMetrics
@@ -55,6 +55,7 @@ from router.gateway.openai.errors import (
     error_response,
 )
 from router.gateway.openai.request import PROMPT_FIELD, json_object
+from router.gateway.settle import GENERATION_ROUTES
 from router.gateway.upstream.headers import UsageTail
 from router.gateway.wiring import Services
 
