@@ -15,6 +15,8 @@ One request, one ``exchange``; every sub-package serves it, and each opens with 
   ``quality`` and written as the access log's JSON line; the opt-in route headers.
 - ``tracing``: OpenTelemetry spans of each request (off by default), and the W3C trace context
   each attempt sends its engine.
+- ``trace_context``: the client's ``traceparent`` read and the head sampler's verdict, before
+  the SDK sees a request (a dropped one never does).
 - ``stored_responses``: a stateful Responses request (``previous_response_id``) goes to the
   engine that stored its response, learnt from the answers.
 - ``openai/``: the protocols, no I/O: the request body parsed once (chat, completions,
