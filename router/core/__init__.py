@@ -45,6 +45,6 @@ Modules, from the request inwards:
 - ``hotpath``: which implementation runs the decision's per-block and per-engine loops: the
   compiled ``_hotpath`` (C, ``hotpath-c/hotpath.c``, built by ``pip install`` where a C
   compiler exists; its stub ``_hotpath.pyi``), or the pure-Python reference each of ``blocks``,
-  ``lru``, ``index``, ``predictions``, ``shortlist`` and ``ring`` keeps
-  (``KVROUTER_PURE_PYTHON=1`` forces it).
+  ``lru``, ``index``, ``predictions``, ``shortlist``, ``ring``, ``scorers`` and ``pickers``
+  keeps (``KVROUTER_PURE_PYTHON=1`` forces it).
 """

@@ -47,12 +47,12 @@ from router.core.engine_blocks import Change
 from router.core.engine_sizes import EngineSizes
 from router.core.index import BlockIndex, Delta, IndexLimits
 from router.core.load import DEFAULT_STALE_AFTER_SECONDS, LoadBook
-from router.core.pickers import PICKERS, ROUND_ROBIN, Choice
+from router.core.pickers import PICKERS, ROUND_ROBIN, Choice, ranked
 from router.core.policy import Policy
 from router.core.precise import PreciseSettings, TokenPrompt, precise_overlaps
 from router.core.predictions import Predictions
 from router.core.ring import BoundedLoadRing, under_cap
-from router.core.scorers.base import Inputs, Memory
+from router.core.scorers.base import Inputs, Memory, weigh
 from router.core.scorers.registry import SCORERS
 from router.core.scorers.session_affinity import Params as SessionParams
 from router.core.scorers.session_affinity import session_of
@@ -327,18 +327,13 @@ class RoutingCore:
             credited=credited,
         )
         scores = {s.type: SCORERS[s.type].score(s.params, x) for s in p.scorers}
-        totals = [0.0] * len(cands)
-        for s in p.scorers:
-            w = s.weight
-            if w:
-                totals = [t + w * v for t, v in zip(totals, scores[s.type], strict=True)]
+        weights = [s.weight for s in p.scorers]
+        totals = weigh(weights, [scores[s.type] for s in p.scorers], len(cands))
         engine, reason = picker.pick(
             Choice(x, eligible, totals, ring_key, self.ring, self._turn, p.cold_prefix == "ring")
         )
-        order = sorted(
-            range(len(cands)), key=lambda i: (not eligible[i], -totals[i], x.requests[i])
-        )
-        pairs = zip(cands, overlaps, strict=True) if src else ()  # (): see ``source_of``
+        order = ranked(eligible, totals, requests)
+        pairs = zip(cands, overlaps, strict=True)
         return Decision(
             engine=engine,
             reason=reason,
@@ -351,7 +346,10 @@ class RoutingCore:
             totals=tuple(totals),
             fallbacks=(*(cands[i] for i in order if cands[i] != engine), *unscored),
             session=session,
-            sources=tuple(src.get(e) or ("approximate" if o else "none") for e, o in pairs),
+            # Empty where every overlap is approximate: see ``source_of``.
+            sources=tuple(src.get(e) or ("approximate" if o else "none") for e, o in pairs)
+            if src
+            else (),
             prefix=prefix,
             block_chars=p.block_chars,
             broken_at=self.turns.broken_at(session, keys, deep),
