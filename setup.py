@@ -17,8 +17,8 @@ setup(
     ext_modules=[
         Extension(
             "router.core._hotpath",
-            sources=["router/core/hotpath-c/hotpath.c"],
-            depends=["router/core/hotpath-c/xxhash.h"],
+            sources=["router/core/hotpath-c/hotpath.c", "router/core/hotpath-c/scoring.c"],
+            depends=["router/core/hotpath-c/hotpath.h", "router/core/hotpath-c/xxhash.h"],
             extra_compile_args=EXACT_FLOATS,
             optional=True,
         )

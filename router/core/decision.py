@@ -247,7 +247,7 @@ class RoutingCore:
         if prompt_tokens is None and tokenized is not None and rt.text is not None:
             # The engines' own count, not characters / 4: the load inputs and /debug/route.
             tokens = tokenized.prompt_tokens(len(rt.text))
-        seed = namespace_seed(rt.namespace)
+        seed = 0 if keys else namespace_seed(rt.namespace)  # the ring key of no full block
         return self.decide_keys(keys, tokens, candidates, now, session, seed, tokenized=tokenized)
 
     def decide_keys(
@@ -344,7 +344,7 @@ class RoutingCore:
             eligible=tuple(eligible),
             scores={k: tuple(v) for k, v in scores.items()},
             totals=tuple(totals),
-            fallbacks=(*(cands[i] for i in order if cands[i] != engine), *unscored),
+            fallbacks=(*[cands[i] for i in order if cands[i] != engine], *unscored),
             session=session,
             # Empty where every overlap is approximate: see ``source_of``.
             sources=tuple(src.get(e) or ("approximate" if o else "none") for e, o in pairs)
