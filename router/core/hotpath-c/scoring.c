@@ -23,6 +23,14 @@
 
 #define EXACT_INT (1LL << 53)
 
+/* The error that hands a computation over to the reference: -1. */
+static int
+overflowed(void)
+{
+    PyErr_SetString(PyExc_OverflowError, "a figure past what is computed exactly here");
+    return -1;
+}
+
 /* ``v`` (an int) into ``*out``; ``limit``: its largest magnitude. 0, or -1 with an error. */
 static int
 read_int(PyObject *v, long long limit, long long *out)
@@ -35,10 +43,8 @@ read_int(PyObject *v, long long limit, long long *out)
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (x == -1 && PyErr_Occurred())
         return -1;
-    if (overflow || x > limit || x < -limit) {
-        PyErr_SetString(PyExc_OverflowError, "a figure past what is computed exactly here");
-        return -1;
-    }
+    if (overflow || x > limit || x < -limit)
+        return overflowed();
     *out = x;
     return 0;
 }
@@ -58,13 +64,6 @@ read_number(PyObject *v, double *out)
     return 0;
 }
 
-static int
-overflowed(void)
-{
-    PyErr_SetString(PyExc_OverflowError, "a figure past what is computed exactly here");
-    return -1;
-}
-
 /* A column of per-candidate figures, ``n`` long, or empty (``*items`` NULL: zeros). */
 static int
 column(PyObject *seq, Py_ssize_t n, int may_be_empty, PyObject ***items)
@@ -82,7 +81,7 @@ column(PyObject *seq, Py_ssize_t n, int may_be_empty, PyObject ***items)
     return 0;
 }
 
-/* Up to ``k`` arguments as fast sequences into ``out``; 0, or -1 with an error (and none
+/* The first ``k`` arguments as fast sequences into ``out``; 0, or -1 with an error (and none
  * left held). */
 static int
 sequences(PyObject *const *args, Py_ssize_t k, PyObject **out)
