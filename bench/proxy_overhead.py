@@ -24,12 +24,13 @@ over OTLP/gRPC to a collector in this process (tests.otlp, keeping nothing), loa
 for ``--rounds`` rounds with their order rotated each round; reports each router's CPU per
 request in every round and its median ratio to the untraced router's in the same rounds.
 ``--baseline DIR`` adds a router run from another source tree (an unpacked ``git archive``
-of a commit before tracing existed), to see what tracing costs when off.
+of a commit before tracing existed), to see what tracing costs when off; with
+``--baseline-ratio R`` that router traces at R too, to compare two trees' tracing.
 
     python -m bench.proxy_overhead [--requests 300] [--load-requests 2000]
                                    [--concurrency 32 256] [--prompt-chars 2000]
                                    [--workers N] [--route chat-usage responses messages]
-                                   [--tracing 1.0 0.01 [--rounds 5] [--baseline DIR]]
+                                   [--tracing 1.0 0.01 [--rounds 5] [--baseline DIR [--baseline-ratio R]]]
 """
 
 from __future__ import annotations
@@ -121,9 +122,9 @@ def by_route(router: Proc, args: argparse.Namespace, concurrency: int) -> dict[s
                     route,
                 )
             )
-            for key, value in got.items():
-                totals[route][key] += value
-            totals[route]["rounds"].append(got["cpu_seconds"] * 1000 / max(1.0, got["requests"]))
+            for key in ("requests", "seconds", "cpu_seconds", "failures"):
+                totals[route][key] += got[key]
+            totals[route]["rounds"].append(got["cpu_ms_per_request"])
     return totals
 
 
@@ -145,19 +146,28 @@ def wait_all_ready(url: str, attempts: int = 2000) -> None:
 Traced = float | None | Path
 
 
-def traced_router(engine: Proc, ratio: Traced, collector: Collector, tmp: Path) -> Proc:
+def traced_router(
+    engine: Proc, ratio: Traced, collector: Collector, tmp: Path, baseline_ratio: float | None
+) -> Proc:
     """A router in front of ``engine``, tracing at ``ratio`` into ``collector`` (None: off; a
-    path: that tree's router, configured by its defaults)."""
+    path: that tree's router, tracing at ``baseline_ratio`` or, without it, by its defaults)."""
     args = ["serve", "--host", LOOPBACK, "--backend", engine.url, "--log-level", "warning"]
     if isinstance(ratio, Path):
         env = {"PYTHONPATH": str(ratio)}
+        if baseline_ratio is not None:
+            config = tracing_config(tmp / "tracing-baseline.yaml", baseline_ratio, collector)
+            args += ["--config", str(config)]
         return start_ready(args, tmp, ready_path="/ready", cwd=ratio, env=env)
+    config = tracing_config(tmp / f"tracing-{ratio}.yaml", ratio, collector)
+    return start_ready([*args, "--config", str(config)], tmp, ready_path="/ready")
+
+
+def tracing_config(path: Path, ratio: float | None, collector: Collector) -> Path:
     tracing = "{enabled: false}"
     if ratio is not None:
         tracing = f"{{enabled: true, endpoint: '{collector.endpoint}', sample_ratio: {ratio}}}"
-    config = tmp / f"tracing-{ratio}.yaml"
-    config.write_text(f"tracing: {tracing}\n")
-    return start_ready([*args, "--config", str(config)], tmp, ready_path="/ready")
+    path.write_text(f"tracing: {tracing}\n")
+    return path
 
 
 def tracing_cost(args: argparse.Namespace) -> int:
@@ -172,7 +182,9 @@ def tracing_cost(args: argparse.Namespace) -> int:
     ):
         engine = start_ready(["engine-sim", "--fast"], Path(tmp))
         procs.append(engine)
-        routers = {r: traced_router(engine, r, collector, Path(tmp)) for r in ratios}
+        routers = {
+            r: traced_router(engine, r, collector, Path(tmp), args.baseline_ratio) for r in ratios
+        }
         procs.extend(routers.values())
         for n in range(args.rounds):
             for r in ratios[n % len(ratios) :] + ratios[: n % len(ratios)]:
@@ -194,7 +206,10 @@ def tracing_cost(args: argparse.Namespace) -> int:
     )
     print(f"  {'tracing':<14} {'CPU ms/req per round':<40} {'median ratio to off':>20}")
     for r in ratios:
-        name = "off" if r is None else "baseline" if isinstance(r, Path) else f"ratio {r:g}"
+        if isinstance(r, Path):
+            name = "baseline" if args.baseline_ratio is None else f"base {args.baseline_ratio:g}"
+        else:
+            name = "off" if r is None else f"ratio {r:g}"
         rounds = " ".join(f"{c:.3f}" for c in cpu[r])
         ratio = statistics.median(c / off for c, off in zip(cpu[r], cpu[None], strict=True))
         print(f"  {name:<14} {rounds:<40} {ratio:>20.3f}")
@@ -217,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         help="load runs per route and concurrency (1), or rounds of --tracing's (5)",
     )
     p.add_argument("--baseline", type=Path, help="with --tracing: also a router from this tree")
+    p.add_argument(
+        "--baseline-ratio", type=float, help="with --baseline: that router traces at this ratio"
+    )
     p.add_argument("--route", nargs="+", choices=sorted(ROUTES), default=["chat"])
     args = p.parse_args(argv)
     if args.tracing:

@@ -13,9 +13,10 @@ hangs its spans under the router's, in the same trace. The client's own ``tracep
 the engine's parent is the router's span, whose own parent is the client's.
 
 Off (the default), ``Tracing.request`` hands out one shared ``RequestTrace`` whose every method
-does nothing, and the client's trace headers reach the engines untouched. On, a request the
-sampler drops costs only its server span's ids: its steps are not made, and the engines get
-its context with the sampled flag off. Spans are exported in batches from the SDK's own thread
+does nothing, and the client's trace headers reach the engines untouched. On, the head sampler
+(router.gateway.trace_context) decides before the SDK sees the request: a dropped one costs
+its ids and one formatted header, no span, and the engines get its context with the sampled
+flag off. Spans are exported in batches from the SDK's own thread
 (OTLP over gRPC, or HTTP with the ``otlp-http`` extra); ``Tracing.close`` flushes them.
 What is exported, and which standard ``OTEL_*`` variable wins over which field, is
 router.gateway.config.tracing's.
@@ -31,19 +32,15 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import (
-    ALWAYS_OFF,
-    ALWAYS_ON,
-    ParentBased,
-    Sampler,
-    TraceIdRatioBased,
-)
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from router.core.fields import ConfigError
 from router.core.verdict import Decision
 from router.gateway.config.tracing import TraceExport
+from router.gateway.trace_context import HeadSampler, Parent, parent_of, traceparent
 
 # The decision span names this many engines of the plan with their scores.
 TOP_SCORES = 3
@@ -89,10 +86,8 @@ class _Unsampled(RequestTrace):
 
     __slots__ = ("_headers",)
 
-    def __init__(self, span: trace.Span) -> None:
-        carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier, trace.set_span_in_context(span))
-        self._headers = tuple(carrier.items())
+    def __init__(self, headers: tuple[tuple[str, str], ...]) -> None:
+        self._headers = headers
 
     def attempt(self, engine: str, n: int) -> Sequence[tuple[str, str]]:
         return self._headers
@@ -186,9 +181,14 @@ class Tracing:
         if export is None:
             return
         # Not the global provider: the gateway's spans stay its own, whatever else is loaded.
+        # The head sampler decides (router.gateway.trace_context); the SDK sees only the
+        # requests it keeps.
+        self._sampler = HeadSampler(export.sampler, export.ratio)
+        self._ids = _ChosenTraceIds()
         self._provider = TracerProvider(
-            sampler=_sampler(export),
+            sampler=ALWAYS_ON,
             resource=Resource.create({SERVICE_NAME: export.service_name}),
+            id_generator=self._ids,
         )
         processor: SpanProcessor = BatchSpanProcessor(exporter or _exporter(export))
         self._provider.add_span_processor(processor)
@@ -198,9 +198,14 @@ class Tracing:
         """The trace of one request to ``route``, continuing the client's ``traceparent``."""
         if self._provider is None:
             return NO_TRACE
+        parent = parent_of(headers)
+        trace_id = parent.trace_id if parent else self._ids.fresh_trace_id()
+        if not self._sampler.sampled(parent, trace_id):
+            return _Unsampled(self._dropped(headers, parent, trace_id))
+        self._ids.chosen = trace_id  # a new trace keeps the id it was sampled by
         span = self._tracer.start_span(
             f"POST {route}",
-            _PROPAGATOR.extract(headers),
+            _PROPAGATOR.extract(headers) if parent else None,
             kind=SpanKind.SERVER,
             attributes={
                 "http.request.method": "POST",
@@ -208,9 +213,20 @@ class Tracing:
                 "kvrouter.request_id": request_id,
             },
         )
-        if not span.is_recording():
-            return _Unsampled(span)
         return _Recorded(self._tracer, span)
+
+    def _dropped(
+        self, headers: Mapping[str, str], parent: Parent | None, trace_id: int
+    ) -> tuple[tuple[str, str], ...]:
+        """What the engines are told of a dropped request: its trace, not sampled."""
+        context = (("traceparent", traceparent(trace_id, self._ids.generate_span_id(), False)),)
+        if parent is None or "tracestate" not in headers:
+            return context
+        # Rare enough to leave the parsing and the limits of tracestate to the SDK.
+        state = trace.get_current_span(_PROPAGATOR.extract(headers)).get_span_context()
+        if not state.trace_state:
+            return context
+        return (*context, ("tracestate", state.trace_state.to_header()))
 
     async def close(self) -> None:
         """Export what is still buffered (off the event loop), then stop the exporter."""
@@ -220,15 +236,18 @@ class Tracing:
             await asyncio.to_thread(provider.shutdown)
 
 
-def _sampler(export: TraceExport) -> Sampler:
-    roots: dict[str, Sampler] = {
-        "always_on": ALWAYS_ON,
-        "always_off": ALWAYS_OFF,
-        "traceidratio": TraceIdRatioBased(export.ratio),
-    }
-    name = export.sampler.removeprefix("parentbased_")
-    root = roots[name]
-    return ParentBased(root) if export.sampler.startswith("parentbased_") else root
+class _ChosenTraceIds(RandomIdGenerator):
+    """Random ids, but the SDK's next new trace takes the id the sampler already judged."""
+
+    def __init__(self) -> None:
+        self.chosen = 0
+
+    def fresh_trace_id(self) -> int:
+        return super().generate_trace_id()
+
+    def generate_trace_id(self) -> int:
+        chosen, self.chosen = self.chosen, 0
+        return chosen or super().generate_trace_id()
 
 
 def _exporter(export: TraceExport) -> SpanExporter:
