@@ -30,7 +30,8 @@ of a commit before tracing existed), to see what tracing costs when off; with
     python -m bench.proxy_overhead [--requests 300] [--load-requests 2000]
                                    [--concurrency 32 256] [--prompt-chars 2000]
                                    [--workers N] [--route chat-usage responses messages]
-                                   [--tracing 1.0 0.01 [--rounds 5] [--baseline DIR [--baseline-ratio R]]]
+                                   [--tracing 1.0 0.01 [--rounds 5]
+                                    [--baseline DIR [--baseline-ratio R]]]
 """
 
 from __future__ import annotations
