@@ -13,7 +13,8 @@ One request, one ``exchange``; every sub-package serves it, and each opens with 
 - ``receipt``: a request's receipt, filled along the exchange and closed once: counted in
   ``quality`` and written as the access log's JSON line; the opt-in route headers.
 - ``tracing``: OpenTelemetry spans of each request (off by default), and the W3C trace context
-  each attempt sends its engine.
+  each attempt sends its engine; ``trace_context``: a request's trace context and the head
+  sampler's verdict on it, read without the SDK, so that a dropped request costs little.
 - ``stored_responses``: a stateful Responses request (``previous_response_id``) goes to the
   engine that stored its response, learnt from the answers.
 - ``openai/``: the protocols, no I/O: the request body parsed once (chat, completions,
