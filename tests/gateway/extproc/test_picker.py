@@ -67,7 +67,7 @@ async def test_picker_usage_teaches_the_core_the_engines_token_size(tmp_path: Pa
             routed = await p.route(chat(LONG))  # the engine counts the prompt as 10 tokens
             assert routed.immediate is None
         d = p.rig.gw.core.decide(chat(LONG), [A], now=0.0)
-        assert p.rig.gw.core.token_scale.ratio == pytest.approx(d.prompt_tokens / 10, rel=0.06)
+        assert p.rig.gw.core.sizes.scale.ratio == pytest.approx(d.prompt_tokens / 10, rel=0.06)
 
 
 async def test_picker_buffered_answers_headers_first_then_picks_on_the_body(
