@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py router/core/hotpath-c/hotpath.c
+$(STAMP): pyproject.toml setup.py $(wildcard router/core/hotpath-c/*.[ch])
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'

@@ -30,7 +30,8 @@ of a commit before tracing existed), to see what tracing costs when off; with
     python -m bench.proxy_overhead [--requests 300] [--load-requests 2000]
                                    [--concurrency 32 256] [--prompt-chars 2000]
                                    [--workers N] [--route chat-usage responses messages]
-                                   [--tracing 1.0 0.01 [--rounds 5] [--baseline DIR [--baseline-ratio R]]]
+                                   [--tracing 1.0 0.01 [--rounds 5]
+                                    [--baseline DIR [--baseline-ratio R]]]
 """
 
 from __future__ import annotations
@@ -206,9 +207,10 @@ def tracing_cost(args: argparse.Namespace) -> int:
     )
     print(f"  {'tracing':<14} {'CPU ms/req per round':<40} {'median ratio to off':>20}")
     for r in ratios:
-        name = "off" if r is None else f"ratio {r:g}"
         if isinstance(r, Path):
             name = "baseline" if args.baseline_ratio is None else f"base {args.baseline_ratio:g}"
+        else:
+            name = "off" if r is None else f"ratio {r:g}"
         rounds = " ".join(f"{c:.3f}" for c in cpu[r])
         ratio = statistics.median(c / off for c, off in zip(cpu[r], cpu[None], strict=True))
         print(f"  {name:<14} {rounds:<40} {ratio:>20.3f}")

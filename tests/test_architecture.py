@@ -341,10 +341,10 @@ def test_every_docstring_and_comment_reference_resolves(name: str) -> None:
 def test_only_the_runtime_the_app_and_the_exchange_import_the_wiring() -> None:
     # The composition root builds everything; below it, nothing may reach back up into it.
     # The exchange takes its ``Services`` record from there, and imports nothing else of it;
-    # so do the endpoint picker, the exchange's counterpart for Envoy, and the split requests
-    # the exchange hands to ``disagg``.
+    # so do the settling of its answers, the endpoint picker, the exchange's counterpart for
+    # Envoy, and the split requests the exchange hands to ``disagg``.
     wiring = f"{GATEWAY}.wiring"
-    allowed = {f"{GATEWAY}.app", f"{GATEWAY}.exchange"}
+    allowed = {f"{GATEWAY}.app", f"{GATEWAY}.exchange", f"{GATEWAY}.settle"}
     picker = f"{GATEWAY}.extproc"
     split = f"{GATEWAY}.disagg"
     for name in MODULES:

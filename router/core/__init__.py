@@ -30,8 +30,9 @@ Modules, from the request inwards:
 - ``disaggregation``: engine roles (prefill, decode, both) and the per-request choice between
   running a request whole and splitting its prefill off, priced by the KV transfer.
 - ``response_homes``: which engine stored which response, for stateful Responses requests.
-- ``token_scale``: how many of the router's tokens an engine's token is, learnt from usage,
-  to read the engines' reported cache sizes.
+- ``engine_sizes``: the cache sizes engines report, as the index's capacity for each;
+  ``token_scale``: how many of the router's tokens an engine's token is, learnt from usage,
+  to read those sizes.
 - ``admission``: the order of the gateway's bounded wait queue, by priority and fair between
   tenants; ``retry_budget``: retries in flight as a bounded share of requests in flight.
 - ``engine_model``: an engine's prefix cache and timing, for the simulator and engine-sim.
@@ -44,6 +45,6 @@ Modules, from the request inwards:
 - ``hotpath``: which implementation runs the decision's per-block and per-engine loops: the
   compiled ``_hotpath`` (C, ``hotpath-c/hotpath.c``, built by ``pip install`` where a C
   compiler exists; its stub ``_hotpath.pyi``), or the pure-Python reference each of ``blocks``,
-  ``lru``, ``index``, ``predictions``, ``shortlist`` and ``ring`` keeps
-  (``KVROUTER_PURE_PYTHON=1`` forces it).
+  ``lru``, ``index``, ``predictions``, ``shortlist``, ``ring``, ``scorers`` and ``pickers``
+  keeps (``KVROUTER_PURE_PYTHON=1`` forces it).
 """

@@ -29,4 +29,25 @@ def shortlist(
 def narrow(
     keep: list[int], cands: list[str], columns: tuple[list[Any], ...], /
 ) -> tuple[list[str], tuple[list[Any], ...]]: ...
-def at_most(limit: int, values: Sequence[int], /) -> list[bool]: ...
+def under_cap(loads: Sequence[int], weight: int, epsilon: float, min_cap: int, /) -> list[bool]: ...
+def ttft_costs(
+    overlaps: Sequence[int],
+    tokens: Sequence[int],
+    requests: Sequence[int],
+    waiting: Sequence[int],
+    usage: Sequence[float],
+    prompt_tokens: int,
+    block_tokens: int,
+    wait_tokens: int,
+    running_tokens: int,
+    kv_pressure: float,
+    /,
+) -> list[float]: ...
+def falling(costs: Sequence[float], /) -> list[float]: ...
+def shares(overlaps: Sequence[int], blocks: int, waiting: Sequence[int], /) -> list[float]: ...
+def weighted(
+    weights: Sequence[float], columns: Sequence[list[float]], n: int, /
+) -> list[float]: ...
+def rank(
+    eligible: Sequence[bool], totals: Sequence[float], requests: Sequence[int], /
+) -> list[int]: ...

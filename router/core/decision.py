@@ -44,19 +44,19 @@ from typing import Any
 
 from router.core.blocks import RoutingText, block_keys, namespace_seed, routing_text
 from router.core.engine_blocks import Change
+from router.core.engine_sizes import EngineSizes
 from router.core.index import BlockIndex, Delta, IndexLimits
 from router.core.load import DEFAULT_STALE_AFTER_SECONDS, LoadBook
-from router.core.pickers import PICKERS, ROUND_ROBIN, Choice
+from router.core.pickers import PICKERS, ROUND_ROBIN, Choice, ranked
 from router.core.policy import Policy
 from router.core.precise import PreciseSettings, TokenPrompt, precise_overlaps
 from router.core.predictions import Predictions
 from router.core.ring import BoundedLoadRing, under_cap
-from router.core.scorers.base import Inputs, Memory
+from router.core.scorers.base import Inputs, Memory, weigh
 from router.core.scorers.registry import SCORERS
 from router.core.scorers.session_affinity import Params as SessionParams
 from router.core.scorers.session_affinity import session_of
 from router.core.shortlist import narrow, shortlist
-from router.core.token_scale import TokenScale
 from router.core.turns import Turns
 from router.core.verdict import Decision
 
@@ -112,10 +112,7 @@ class RoutingCore:
         self.predictions = Predictions()
         self.ring = BoundedLoadRing()
         self._turn = 0  # round-robin's position, advanced by ``acquire``
-        # Prompt tokens each engine says it caches (``engine_capacity``), kept across policies,
-        # and how many of the router's tokens one of theirs is.
-        self._capacity: dict[str, int] = {}
-        self.token_scale = TokenScale()
+        self.sizes = EngineSizes()  # what engines say they cache, kept across policies
         self._memories = self._remembering(policy, {})
         # Outstanding leases -> whether their claims are still unconfirmed.
         self._leases: dict[int, bool] = {}
@@ -157,7 +154,7 @@ class RoutingCore:
             self.index.add_engine(e)
         for e in set(self.index.engines) - set(weights):
             self.index.drop_engine(e)
-            self._capacity.pop(e, None)
+            self.sizes.forget(e)
 
     def set_policy(self, policy: Policy) -> None:
         """Swap the policy; the index survives unless the block size changed its keys."""
@@ -170,8 +167,7 @@ class RoutingCore:
             self.index = BlockIndex(self._limits(policy), self.origin, seq=self.index.seq)
             for e in engines:
                 self.index.add_engine(e)
-            for e in self._capacity:
-                self._size(e)
+            self.sizes.apply(self.index, policy.block_tokens)
             # Claims on the old keys: the old index is gone; leases still out withdraw claims
             # that are no longer there, which ``Predictions.withdraw`` ignores.
             self.predictions.clear()
@@ -181,24 +177,13 @@ class RoutingCore:
                 self.index.add_engine(e)
 
     def engine_capacity(self, engine: str, tokens: int) -> None:
-        """``engine`` caches ``tokens`` prompt tokens (its own), as it says of itself: the
-        index forgets its blocks beyond that, as the engine does (instead of the policy's
-        guess), counted in the router's tokens (``core.token_scale``)."""
-        if engine not in self.index.engines or tokens < 1:
-            return
-        self._capacity[engine] = tokens
-        self._size(engine)
+        """``engine`` says it caches ``tokens`` prompt tokens (its own): the index keeps that
+        much of it instead of the policy's guess (``core.engine_sizes``)."""
+        self.sizes.said(self.index, self.policy.block_tokens, engine, tokens)
 
     def calibrate(self, router_tokens: int, engine_tokens: int) -> None:
-        """An answered prompt as the router counted it and as its engine did: when the two
-        counts part, the engines' reported sizes are read again in the router's tokens."""
-        if self.token_scale.observe(router_tokens, engine_tokens):
-            for engine in self._capacity:
-                self._size(engine)
-
-    def _size(self, engine: str) -> None:
-        tokens = self.token_scale.router_tokens(self._capacity[engine])
-        self.index.add_engine(engine, max(1, tokens // self.policy.block_tokens))
+        """An answered prompt as the router counted it and as its engine did."""
+        self.sizes.calibrate(self.index, self.policy.block_tokens, router_tokens, engine_tokens)
 
     def set_precise(self, engine: str, block_size: int | None) -> None:
         """``engine``'s events are complete, with blocks of ``block_size`` (None: they are not)."""
@@ -262,7 +247,7 @@ class RoutingCore:
         if prompt_tokens is None and tokenized is not None and rt.text is not None:
             # The engines' own count, not characters / 4: the load inputs and /debug/route.
             tokens = tokenized.prompt_tokens(len(rt.text))
-        seed = namespace_seed(rt.namespace)
+        seed = 0 if keys else namespace_seed(rt.namespace)  # the ring key of no full block
         return self.decide_keys(keys, tokens, candidates, now, session, seed, tokenized=tokenized)
 
     def decide_keys(
@@ -342,18 +327,13 @@ class RoutingCore:
             credited=credited,
         )
         scores = {s.type: SCORERS[s.type].score(s.params, x) for s in p.scorers}
-        totals = [0.0] * len(cands)
-        for s in p.scorers:
-            w = s.weight
-            if w:
-                totals = [t + w * v for t, v in zip(totals, scores[s.type], strict=True)]
+        weights = [s.weight for s in p.scorers]
+        totals = weigh(weights, [scores[s.type] for s in p.scorers], len(cands))
         engine, reason = picker.pick(
             Choice(x, eligible, totals, ring_key, self.ring, self._turn, p.cold_prefix == "ring")
         )
-        order = sorted(
-            range(len(cands)), key=lambda i: (not eligible[i], -totals[i], x.requests[i])
-        )
-        pairs = zip(cands, overlaps, strict=True) if src else ()  # (): see ``source_of``
+        order = ranked(eligible, totals, requests)
+        pairs = zip(cands, overlaps, strict=True)
         return Decision(
             engine=engine,
             reason=reason,
@@ -364,9 +344,12 @@ class RoutingCore:
             eligible=tuple(eligible),
             scores={k: tuple(v) for k, v in scores.items()},
             totals=tuple(totals),
-            fallbacks=(*(cands[i] for i in order if cands[i] != engine), *unscored),
+            fallbacks=(*[cands[i] for i in order if cands[i] != engine], *unscored),
             session=session,
-            sources=tuple(src.get(e) or ("approximate" if o else "none") for e, o in pairs),
+            # Empty where every overlap is approximate: see ``source_of``.
+            sources=tuple(src.get(e) or ("approximate" if o else "none") for e, o in pairs)
+            if src
+            else (),
             prefix=prefix,
             block_chars=p.block_chars,
             broken_at=self.turns.broken_at(session, keys, deep),

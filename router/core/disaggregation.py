@@ -8,16 +8,25 @@ conversation, load: the policy's own decision), then a prefill engine (``prefill
 - ``whole`` on the decode engine: its queue and its prefill of the tokens it lacks, plus the
   stall that prefill inflicts on the sequences decoding beside it (a batch step that carries
   prefill work is longer for every sequence in it), weighed by ``decode_stall_weight``;
-- ``split``: the prefill engine's queue and its prefill of the tokens *it* lacks, plus the
+- ``split``: the prefill engine's queue and its prefill of the tokens *it* lacks, the
   transfer of the tokens the decode engine lacks over the link
-  (``kv_bytes_per_token`` x tokens / ``link_gbps``);
+  (``kv_bytes_per_token`` x tokens / ``link_gbps``), and the decode engine's wait for a batch
+  slot (its decode half is admitted there like any request);
 - ``whole`` on the prefill engine, where the protocol lets a prefill engine answer a request
-  by itself (vLLM's connectors do; SGLang's prefill servers do not): with a slow link the
-  prefill pool then serves as aggregated engines instead of idling.
+  by itself (vLLM's connectors do; SGLang's prefill servers do not): its queue and prefill,
+  plus the stall, charged on a prefill engine even with nothing decoding there yet (the
+  request will decode beside the prefills that engine exists to run).
 
-Split wins when it is quicker than the decode engine's own prefill; otherwise the quicker of
-the two whole paths. A follow-up turn whose new tokens are few (under ``stay_below_tokens``)
-stays whole on the decode engine holding its conversation: one round trip, nothing moved.
+The split and the prefill engine's own answer share that engine's queue and prefill; then the
+split waits for a batch slot on the decode engine, the answer decodes beside prefills. So the
+prefill engine answers when the decode engine's slot wait is the longer and it beats the
+decode engine's own prefill: when the decode pool's batches are full, work moves to the
+prefill pool's free slots. The link is left out of that comparison (skipping a fast one saves
+little, and the stall charged is a floor: a long answer meets many prefills). Otherwise split
+wins when it is quicker than the decode engine's own prefill, and failing that the quicker of
+the two whole paths (with a slow link the prefill pool serves as aggregated engines instead of
+idling). A follow-up turn whose new tokens are few (under ``stay_below_tokens``) stays whole
+on the decode engine holding its conversation: one round trip, nothing moved.
 
 The arithmetic behind the defaults: bytes per token = 2 (K and V) x layers x KV heads x head
 dim x bytes per value; an 8B Llama (32 layers, 8 KV heads, 128 dims, FP16) holds 131,072 bytes
@@ -64,7 +73,7 @@ WHYS = (
     "few-new-tokens",  # the decode engine lacks under stay_below_tokens
     "split-cheaper",
     "whole-cheaper",
-    "prefill-engine-cheaper",  # whole on the prefill engine (slow link, idle prefill pool)
+    "prefill-engine-cheaper",  # whole on the prefill engine (slow link, or full decode batches)
     "protocol-splits",  # the decode engine takes only split requests (SGLang's decode servers)
     "decider-always",  # decider: always
     "over-threshold",  # decider: threshold, and the decode engine lacks at least as many
@@ -204,6 +213,13 @@ def _estimate(d: Decision, engine: str, p: ttft_estimate.Params) -> tuple[float,
     return cost, x.uncached(i), max(0, x.requests[i] - waiting)
 
 
+def _slot_wait(d: Decision, engine: str, p: ttft_estimate.Params) -> float:
+    """The prefill tokens ``costs`` charges on ``engine`` for the batch slots a request sent
+    now would wait for there."""
+    x = d.inputs
+    return float(p.wait_tokens * x.waiting[x.candidates.index(engine)]) if x.waiting else 0.0
+
+
 def _pending(d: Decision, engine: str) -> int:
     """Tokens ``engine`` holds of the prompt only provisionally: an attempt in flight (a
     transfer not landed yet, a prefill not finished) that a local prefill cannot reuse."""
@@ -261,7 +277,10 @@ def choose(
         cost, uncached, running = _estimate(pd, p_engine, params)
         p_cost = cost / rate
         if p_whole_ok:
-            stall = settings.decode_stall_weight * uncached if running else 0.0
+            # With nothing decoding beside its prefill, the request itself will decode beside
+            # the prefills a prefill engine goes on to run.
+            beside = running or roles.get(p_engine, "both") == "prefill"
+            stall = settings.decode_stall_weight * uncached if beside else 0.0
             p_whole = (cost + stall) / rate
 
     if dd is None or d_engine is None:
@@ -277,7 +296,8 @@ def choose(
         engine = d_engine if d_whole_ok else None
         return _whole(engine, "no-prefill-engine", dd, pd, whole, None, None, settings, lacks)
     move = settings.transfer_seconds(lacks)
-    split = p_cost + move
+    queued = p_cost + _slot_wait(dd, d_engine, params) / rate  # the split's waits, link aside
+    split = queued + move
     fixed = _fixed_rule(settings, lacks, d_whole_ok)
     if fixed is not None:
         if fixed in ("protocol-splits", "decider-always", "over-threshold"):
@@ -288,10 +308,14 @@ def choose(
         return _whole(d_engine, fixed, dd, pd, whole, split, p_whole, settings, lacks)
     if lacks + _pending(dd, d_engine) < settings.stay_below_tokens:
         return _whole(d_engine, "few-new-tokens", dd, pd, whole, split, p_whole, settings, lacks)
-    # Split when it beats the decode engine's own prefill. When it does not pay, the
-    # prefill pool may serve as aggregated engines: whole on the prefill engine if quicker
-    # (an idle prefill engine beats a split only by skipping the link, and answering there
-    # would turn the prefill pool into decode engines whenever the link is fast).
+    # Whole on the prefill engine when its decoding stall is shorter than the split's wait for
+    # a decode batch slot (the decode pool is full) and it beats the decode engine's prefill;
+    # else split when that beats the decode engine's own prefill; when it does not pay, the
+    # prefill pool may serve as aggregated engines: whole on the prefill engine if quicker.
+    if p_whole is not None and p_whole < whole and p_whole < queued:
+        return _whole(
+            p_engine, "prefill-engine-cheaper", dd, pd, whole, split, p_whole, settings, lacks
+        )
     if split < whole:
         return Disaggregated(
             "split", d_engine, p_engine, "split-cheaper", dd, pd, whole, split, p_whole,

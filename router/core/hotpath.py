@@ -4,10 +4,13 @@ The extension module ``_hotpath`` next to this one (C, ``router/core/hotpath-c/h
 does the per-block and per-engine loops of a decision: the chained block hashes
 (``core.blocks``), the longest-prefix walk per engine (``core.index``), the LRU touches
 (``core.lru``), the claims (``core.predictions``), the shortlist's passes and narrowing
-(``core.shortlist``) and the bounded-load comparison (``core.ring``). Each of those modules
-keeps its pure-Python loop as the reference: property tests hold the two to identical results,
-and it runs wherever the extension is missing (no C compiler at install time: a warning says so
-once) or unwanted (``KVROUTER_PURE_PYTHON=1`` in the environment).
+(``core.shortlist``), the bounded-load cap (``core.ring``), the scorers' per-candidate
+arithmetic and the weighted totals (``core.scorers``) and the ranking of the fallbacks
+(``core.pickers``). Each of those modules keeps its pure-Python loop as the reference:
+property tests hold the two to identical results, and it runs wherever the extension is
+missing (no C compiler at install time: a warning says so once) or unwanted
+(``KVROUTER_PURE_PYTHON=1`` in the environment), and for figures the compiled code does not
+compute exactly in 64 bits (it raises, and the caller runs the reference).
 
 Callers read ``native`` at call time, never bind it at import, so that setting it to None (what
 the tests do to run the reference) switches every caller at once.
@@ -66,7 +69,33 @@ class Native(Protocol):
     def narrow(
         self, keep: list[int], cands: list[str], columns: tuple[list[Any], ...], /
     ) -> tuple[list[str], tuple[list[Any], ...]]: ...
-    def at_most(self, limit: int, values: Sequence[int], /) -> list[bool]: ...
+    def under_cap(
+        self, loads: Sequence[int], weight: int, epsilon: float, min_cap: int, /
+    ) -> list[bool]: ...
+    def ttft_costs(
+        self,
+        overlaps: Sequence[int],
+        tokens: Sequence[int],
+        requests: Sequence[int],
+        waiting: Sequence[int],
+        usage: Sequence[float],
+        prompt_tokens: int,
+        block_tokens: int,
+        wait_tokens: int,
+        running_tokens: int,
+        kv_pressure: float,
+        /,
+    ) -> list[float]: ...
+    def falling(self, costs: Sequence[float], /) -> list[float]: ...
+    def shares(
+        self, overlaps: Sequence[int], blocks: int, waiting: Sequence[int], /
+    ) -> list[float]: ...
+    def weighted(
+        self, weights: Sequence[float], columns: Sequence[list[float]], n: int, /
+    ) -> list[float]: ...
+    def rank(
+        self, eligible: Sequence[bool], totals: Sequence[float], requests: Sequence[int], /
+    ) -> list[int]: ...
 
 
 def _load() -> Native | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from router.core import hotpath
 from router.core.ring import BoundedLoadRing
 from router.core.scorers.base import Inputs
 
@@ -67,6 +68,18 @@ def best(c: Choice) -> str:
     names = {cands[i] for i in tied}
     home = c.ring.home(c.ring_key, names.__contains__)
     return home if home is not None else min(names)
+
+
+def ranked(eligible: Sequence[bool], totals: Sequence[float], requests: Sequence[int]) -> list[int]:
+    """The candidates' positions, best first: the eligible before the rest, then by total,
+    then the least loaded (the order a decision's fallbacks are tried in)."""
+    native = hotpath.native
+    if native is not None:
+        try:
+            return native.rank(eligible, totals, requests)
+        except (OverflowError, TypeError):  # past 64-bit figures, or NaN: Python's sort
+            pass
+    return sorted(range(len(totals)), key=lambda i: (not eligible[i], -totals[i], requests[i]))
 
 
 def _home(c: Choice, reason: str) -> Pick:

@@ -102,16 +102,16 @@ def under_cap(loads: Sequence[int], weight: int, epsilon: float, min_cap: int) -
     outweigh the whole margin, and a cap that admits nobody would route nowhere. The cap is
     never below ``min_cap`` requests' worth of ``weight``.
     """
+    native = hotpath.native
+    if native is not None:
+        try:
+            return native.under_cap(loads, weight, epsilon, min_cap)
+        except (OverflowError, TypeError):  # past 2**53, or not ints: the reference copes
+            pass
     if not loads:
         return []
     floor = max(min(loads) + weight, min_cap * weight)
     cap = max(load_cap(sum(loads), len(loads), epsilon, weight), floor)
-    # v + weight <= cap for every (integer) load v, as one pass in C.
+    # v + weight <= cap for every (integer) load v, as one pass over C-level builtins.
     limit = math.floor(cap) - weight
-    native = hotpath.native
-    if native is not None:
-        try:
-            return native.at_most(limit, loads)
-        except TypeError:  # a load that is not an int: the reference's own comparison
-            pass
     return list(map(limit.__ge__, loads))

@@ -27,7 +27,9 @@ Modules, from the request inwards:
   other engine; ``disagg_wire``: the fields vLLM's ``kv_transfer_params`` and SGLang's bootstrap
   carry, and the role's settings; ``disagg_vllm``: a prefill's blocks held for pulling, and
   the pull; ``disagg_sglang``: the bootstrap server where both sides of a room meet.
-- ``app``: the aiohttp app: routes, pacing of streams, faults, ``/stats`` and ``/reset``.
+- ``app``: the aiohttp app: routes, pacing of streams, ``/stats`` and ``/reset``; ``app_keys``:
+  the typed keys of the state it holds; ``faults``: the injected faults of ``/fault`` and the
+  aborts (a reset connection, ``/abort_request``).
 - ``cli``: the ``engine-sim`` subcommand's options and process.
 - ``model_files``: a simulated model's tokenizer files (a small BPE trained on a fixed corpus
   and a ChatML template), for a local tokenizer where no real model can be downloaded.

@@ -27,22 +27,9 @@ and failures are rendered by the gateway's error middleware in vLLM's dialect.
 
 ``--api-key KEY`` puts every route (test hooks included) behind ``Authorization: Bearer KEY``.
 
-Test hook, fault injection for the gateway's tests (unauthenticated unless ``--api-key``: never
-expose engine-sim to untrusted clients). A fault applies to the next ``count`` (default 1)
-generation requests (chat, completions, embeddings), taken when a request arrives, before its
-body is read; setting a fault replaces the pending one. ``"every": K`` plays it on every K-th
-request only (2: every other one fails), ``count`` times.
-
-    POST /fault {"mode": "status", "status": 503, "count": N}
-        answer ``status`` (400-599) in OpenAI's error shape, before any other byte
-    POST /fault {"mode": "hang", "count": N}
-        accept the request and send nothing until the client gives up (a 504 after
-        HANG_LIMIT_SECONDS)
-    POST /fault {"mode": "drop-mid-stream", "count": N}
-        serve normally, then abort the connection after the first two tokens (a non-streamed
-        answer is cut after half its body)
-    POST /fault {"mode": "clear"}
-        drop the pending fault
+Test hook, fault injection: ``POST /fault`` makes the next generation requests fail, hang or
+drop mid-answer. The faults and the aborts (``/abort_request``, a dropped answer's reset
+connection) are ``router.enginesim.faults``'s; this app only plays them.
 
 Test hook, reported load: ``POST /load {"waiting": N}`` makes /metrics (and /stats) report N
 more waiting requests than the engine really has, as if other clients queued them; 0 stops.
@@ -63,31 +50,32 @@ from typing import Any
 import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router import hostport
 from router.enginesim.api_replies import reply_for
+from router.enginesim.app_keys import DISAGG, ENGINE, EVENTS, PUBLISHER, REGISTRY, RUNS, STORE
 from router.enginesim.cancel import Runs
 from router.enginesim.disagg import Disagg
 from router.enginesim.disagg_vllm import PULL_PATH
 from router.enginesim.engine import Engine, SimSettings, Ticket
+from router.enginesim.faults import (
+    DROP_AFTER_TOKENS,
+    abort_connection,
+    abort_request,
+    fault,
+    half_body,
+    play_fault,
+)
 from router.enginesim.kv_publisher import CacheEvents, Publisher
 from router.enginesim.metrics import registry_for
-from router.enginesim.requests import (
-    EMBEDDINGS,
-    Endpoint,
-    parse_abort,
-    parse_embedding,
-    parse_fault,
-    parse_generation,
-)
+from router.enginesim.requests import EMBEDDINGS, Endpoint, parse_embedding, parse_generation
 from router.enginesim.responses import Reply, embeddings_body, models_body
 from router.enginesim.stored import ResponseStore
 from router.enginesim.tokens import prompt_text, prompt_tokens, token_ids
 from router.gateway.openai import sse
 from router.gateway.openai.errors import (
     BadRequest,
-    GatewayError,
     NotFound,
     api_of,
     error_middleware,
@@ -100,31 +88,13 @@ log = logging.getLogger(__name__)
 
 # Long-context prompts (100k+ tokens of JSON) must fit; anything larger is a client bug.
 MAX_BODY_BYTES = 64 * 1024 * 1024
-# A hung request gives up by itself eventually, so a forgotten client cannot pin it forever.
-HANG_LIMIT_SECONDS = 300.0
-DROP_AFTER_TOKENS = 2
 # In-flight streams get this long to finish on SIGTERM before they are cancelled.
 SHUTDOWN_GRACE_SECONDS = 2.0
 # A W3C traceparent is 55 characters; /stats keeps no more of whatever a client sends.
 TRACEPARENT_CHARS = 64
 
-ENGINE = web.AppKey("engine", Engine)
-RUNS = web.AppKey("runs", Runs)
-REGISTRY = web.AppKey("registry", CollectorRegistry)
-EVENTS = web.AppKey("events", CacheEvents)
-PUBLISHER = web.AppKey("publisher", Publisher)
-STORE = web.AppKey("store", ResponseStore)
-DISAGG = web.AppKey("disagg", Disagg)
 # What /tokenize reports as the context length (engine-sim has no limit of its own).
 MAX_MODEL_LEN = 131_072
-
-
-class InjectedFault(GatewayError):
-    """The answer ``POST /fault`` asked for: any status from 400 to 599."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _json(value: Any) -> web.Response:
@@ -135,26 +105,6 @@ async def _sleep_until(engine: Engine, when: float) -> None:
     delay = when - engine.now()
     if delay > 0:
         await asyncio.sleep(delay)
-
-
-def _abort(request: web.Request) -> None:
-    # Reset the connection without a proper end: what a crashed engine looks like to a proxy.
-    transport = request.transport
-    if transport is not None:
-        transport.abort()
-
-
-async def _take_fault(request: web.Request) -> bool:
-    """Play the pending fault, if any; True when this request must drop mid-stream."""
-    fault = request.app[ENGINE].take_fault()
-    if fault is None:
-        return False
-    if fault.mode == "status":
-        raise InjectedFault(fault.status, f"injected fault: status {fault.status}")
-    if fault.mode == "hang":
-        await asyncio.sleep(HANG_LIMIT_SECONDS)
-        raise InjectedFault(504, f"injected fault: hung for {HANG_LIMIT_SECONDS:g} s")
-    return True
 
 
 async def _stream(
@@ -183,7 +133,7 @@ async def _stream(
             if drop and sent >= DROP_AFTER_TOKENS:
                 break
         if drop:
-            _abort(request)
+            abort_connection(request)
             return resp
         if not fast:
             await _sleep_until(engine, sched.done)
@@ -200,15 +150,9 @@ async def _stream(
 
 
 async def _json_answer(request: web.Request, body: bytes, drop: bool) -> web.StreamResponse:
-    if not drop:
-        return web.Response(body=body, content_type="application/json")
-    # Promise the whole body, send half, vanish: a client must see a truncated payload.
-    resp = web.StreamResponse(headers={"Content-Type": "application/json"})
-    resp.content_length = len(body)
-    await resp.prepare(request)
-    await resp.write(body[: len(body) // 2])
-    _abort(request)
-    return resp
+    if drop:
+        return await half_body(request, body)
+    return web.Response(body=body, content_type="application/json")
 
 
 async def _answer(
@@ -224,11 +168,11 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     engine = request.app[ENGINE]
     if "traceparent" in request.headers:
         engine.traceparents.append(request.headers["traceparent"][:TRACEPARENT_CHARS])
-    drop = await _take_fault(request)
+    drop = await play_fault(engine)
     store = request.app[STORE]
     gen = parse_generation(await request.read(), endpoint, engine.settings, store.continued)
     rid = gen.rid or request.headers.get("X-Request-Id") or ""
-    close = functools.partial(_abort, request)
+    close = functools.partial(abort_connection, request)
     side = await request.app[DISAGG].arrive(gen, rid, close)
     gen = side.gen
     ticket = engine.admit(gen.keys, gen.prompt_tokens, gen.max_tokens, side.transferred)
@@ -288,7 +232,7 @@ async def count_tokens(request: web.Request) -> web.Response:
 async def embeddings(request: web.Request) -> web.StreamResponse:
     """POST /v1/embeddings: one deterministic unit vector per input."""
     engine = request.app[ENGINE]
-    drop = await _take_fault(request)
+    drop = await play_fault(engine)
     req = parse_embedding(await request.read(), engine.settings)
     # Embeddings pay prefill like any prompt but neither read nor fill the prefix cache.
     ticket = engine.admit((), req.prompt_tokens, 0)
@@ -364,21 +308,6 @@ async def extra_load(request: web.Request) -> web.Response:
         raise BadRequest("'waiting' must be an integer from 0 to 1000000", param="waiting")
     engine.extra_waiting = waiting
     return _json({"waiting": waiting})
-
-
-async def abort_request(request: web.Request) -> web.Response:
-    """POST /abort_request: stop the requests of a rid, SGLang's way (router.enginesim.cancel)."""
-    rid = parse_abort(await request.read())
-    request.app[RUNS].abort(rid)
-    request.app[DISAGG].abort(rid)
-    return web.Response()
-
-
-async def fault(request: web.Request) -> web.Response:
-    """POST /fault: arm or clear an injected fault (a test hook, see the module docstring)."""
-    engine = request.app[ENGINE]
-    engine.fault = parse_fault(await request.read())
-    return _json({"fault": engine.fault.described() if engine.fault else None})
 
 
 def _key_required(key: str) -> Middleware:

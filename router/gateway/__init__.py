@@ -3,7 +3,8 @@
 One request, one ``exchange``; every sub-package serves it, and each opens with its own map:
 
 - ``exchange``: one request's life in one place: read, parse, admit, decide, then per engine of
-  the plan acquire, attempt, record on the first byte, relay, release.
+  the plan acquire, attempt, record on the first byte, relay, release; ``settle``: how its
+  relayed answer ended, counted (usage, the engine's answer or failure, the client's status).
 - ``wiring``: the composition root: the ``Gateway`` built from the config (core, engine pool,
   upstream, metrics, admission, precise mode, replica), and the ``Services`` every exchange uses.
 - ``app``: the aiohttp application over a ``Gateway``: the generation, read-only and admin
@@ -14,6 +15,8 @@ One request, one ``exchange``; every sub-package serves it, and each opens with 
   ``quality`` and written as the access log's JSON line; the opt-in route headers.
 - ``tracing``: OpenTelemetry spans of each request (off by default), and the W3C trace context
   each attempt sends its engine.
+- ``trace_context``: the client's ``traceparent`` read and the head sampler's verdict, before
+  the SDK sees a request (a dropped one never does).
 - ``stored_responses``: a stateful Responses request (``previous_response_id``) goes to the
   engine that stored its response, learnt from the answers.
 - ``openai/``: the protocols, no I/O: the request body parsed once (chat, completions,
@@ -44,8 +47,9 @@ new scorer is a core plugin (router.core), never gateway code.
 
 Import rules (tests/test_architecture.py): ``openai`` imports nothing else of the gateway;
 ``upstream`` imports only ``openai``; ``fleet`` never imports ``inbound`` or ``exchange``; only
-``runtime`` imports ``app``; only ``runtime``, ``app``, ``exchange``, ``disagg`` and ``extproc``
-(for ``Services``) import ``wiring``; only ``runtime`` imports ``extproc``.
+``runtime`` imports ``app``; only ``runtime``, ``app``, ``exchange`` (and its ``settle``),
+``disagg`` and ``extproc`` (for ``Services``) import ``wiring``; only ``runtime`` imports
+``extproc``.
 
 Words used throughout: an *engine* is one inference server (``backend`` survives only in
 released contracts: ``--backend``, ``backends:``, ``/debug/backends``, ``/ready``'s

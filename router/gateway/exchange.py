@@ -18,8 +18,8 @@ Retries happen only while the client has no byte. A streamed answer (``text/even
 relayed chunk by chunk as it arrives; once it has started, a failure ends it with an
 error event in its API's shape and a clean close. Any other answer is read whole first (so it can
 still be retried, and its ``usage`` read) and sent in one piece. Both relays are
-router.gateway.upstream.relay's; the exchange counts how each ended (``_streamed``,
-``_settle``), and every failed attempt in one place (``_failed``). A client that disconnects
+router.gateway.upstream.relay's; how each ended is counted by router.gateway.settle, and
+every failed attempt in one place (``_failed``). A client that disconnects
 cancels the handler: the engine's connection is closed at once, which stops its generation,
 and an engine that takes an abort is sent one (router.gateway.upstream.abort).
 
@@ -44,7 +44,7 @@ from aiohttp import web
 from router.core.decision import Lease
 from router.core.precise import TokenPrompt
 from router.core.verdict import Decision
-from router.gateway import stored_responses
+from router.gateway import settle, stored_responses
 from router.gateway.disagg import paths as disagg
 from router.gateway.inbound.admission import priority_of, tenant_of
 from router.gateway.inbound.auth import KEY_NAME
@@ -56,30 +56,24 @@ from router.gateway.openai.errors import (
     FirstByteTimeout,
     GatewayError,
     NoEngine,
-    ShuttingDown,
     UpstreamError,
     UpstreamStatus,
     api_of,
     error_response,
-    stream_error,
 )
 from router.gateway.openai.request import Inbound
 from router.gateway.receipt import RECEIPT, Receipt
+from router.gateway.settle import CLIENT_GONE
 from router.gateway.upstream import relay
 from router.gateway.upstream.client import Upstream, UpstreamRequest, UpstreamResponse
 from router.gateway.upstream.deadline import Deadline
 from router.gateway.upstream.engine_errors import public_error
-from router.gateway.upstream.headers import UsageTail, client_headers, engine_headers
+from router.gateway.upstream.headers import client_headers, engine_headers
 from router.gateway.wiring import Services
 
 log = logging.getLogger(__name__)
 
 MAX_ERROR_BODY_BYTES = 1024 * 1024
-# Routes whose prompt tokens feed the cache hit ratio (embeddings have no prefix cache).
-GENERATION_ROUTES = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
-)
-CLIENT_GONE = 499
 
 
 def decide(
@@ -339,7 +333,7 @@ class Exchange:
             ctype = resp.headers.get("Content-Type", "")
             if resp.status == 200 and ctype.startswith("text/event-stream") and first:
                 answer = await relay.stream(self.request, body, first, self._first_sent)
-                finished = await self._streamed(body, answer)
+                finished = await settle.stream(self, body, answer)
                 return answer.response
             if resp.status >= 400:  # the engine's verdict on the request, relayed in shape
                 whole = await body.rest(first, MAX_ERROR_BODY_BYTES)
@@ -352,7 +346,7 @@ class Exchange:
                 return self._refused(resp, whole)
             answer = await relay.held(self.request, body, first, s.holds)
             finished = answer.complete
-            self._settle(engine, resp.status, answer)
+            settle.held(self, engine, resp.status, answer)
             return answer.response
         except (asyncio.CancelledError, FirstByteTimeout):
             gone = True
@@ -391,86 +385,11 @@ class Exchange:
         if blame:
             self.s.pool.report_failure(engine, error.message)
 
-    def _settle(self, engine: str, status: int, answer: relay.Answer) -> None:
-        """Count a non-streamed answer by how its relay ended."""
-        if answer.broken is not None:
-            e = answer.broken
-            log.warning("%s %s: answer from %s broke off: %s", self.id, self.route, engine, e)
-            self._failed(engine, e)
-            self.status = e.status
-        elif answer.client_gone:
-            self.status = CLIENT_GONE
-        elif answer.stopped:
-            self.status = ShuttingDown.status
-        else:
-            self._answered(engine, status)
-            if status == 200 and self.route in GENERATION_ROUTES:
-                self._count_usage(answer.tail.json_usage())
-
     def _answered(self, engine: str, status: int) -> None:
         self.s.metrics.engine_request(engine, str(status))
         self.s.retry_budget.answered(engine)
         self.s.pool.report_success(engine)
 
-    def _count_usage(self, counts: tuple[int, int] | None) -> None:
-        if counts is not None:
-            self.s.metrics.usage(*counts)
-            self.receipt.usage = counts
-            d = self.receipt.decision
-            if d is not None:  # the engine's count of the prompt against the router's
-                self.s.core.calibrate(d.prompt_tokens, counts[0])
-
     def _first_sent(self) -> None:
         """The client has the stream's first bytes: its time to first token."""
         self.s.metrics.ttft.observe(self.s.clock() - self.t0)
-
-    async def _streamed(self, body: relay.Body, answer: relay.Answer) -> bool:
-        """Count a streamed answer by how its relay ended, and end a failed one with an error
-        event; True when the engine's connection can be reused."""
-        engine = body.engine
-        error = answer.broken or answer.stopped
-        if error is not None:
-            if answer.broken is not None:
-                e = answer.broken
-                log.warning("%s %s: stream from %s broke off: %s", self.id, self.route, engine, e)
-                self._failed(engine, e)
-            self.status = error.status
-            await relay.end_stream(answer, stream_error(error, request_id=self.id, api=self.api))
-        if answer.client_gone:
-            log.debug("%s %s: client left during the stream from %s", self.id, self.route, engine)
-            self.status = CLIENT_GONE
-            return False
-        if error is not None:
-            return False
-        self._delivered(engine, answer.response.status, answer.tail)
-        return answer.complete or await self._after_done(body)
-
-    async def _after_done(self, body: relay.Body) -> bool:
-        """Read the engine's end after [DONE], only to reuse its connection; True when nothing
-        but the end came (the client's answer is complete whatever happens here)."""
-        engine = body.engine
-        try:
-            extra = await body.next()
-        except UpstreamError as e:
-            log.debug("%s %s: %s failed after [DONE]: %s", self.id, self.route, engine, e)
-            return False
-        if extra:
-            log.debug(
-                "%s %s: %s sent %d bytes after [DONE]; dropped",
-                self.id,
-                self.route,
-                engine,
-                len(extra),
-            )
-            return False
-        return True
-
-    def _delivered(self, engine: str, status: int, tail: UsageTail) -> None:
-        """Count a stream the client has in full (once, whichever end is seen first)."""
-        if self.delivered:
-            return
-        self.delivered = True
-        self.status = status
-        self._answered(engine, status)
-        if self.route in GENERATION_ROUTES:
-            self._count_usage(tail.usage())

@@ -19,6 +19,8 @@ Cut like hashicorp/memberlist, one concern per module:
   and answers (no I/O).
 - ``snapshot``: bounded snapshot sessions for catch-up.
 - ``discovery``: seeds and a re-resolved DNS name.
+- ``anti_entropy``: the push-pull rounds that repair what rumours missed, and snapshot
+  catch-up, both the asking and the answering side.
 - ``node``: ``GossipNode``, the loops, the calls to peers and the request handlers, behind
   ``start``/``stop``.
 - ``delegate``: the application's hooks (the router's are ``router.gateway.replicas.delegate``).

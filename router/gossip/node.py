@@ -7,28 +7,30 @@ The node owns four loops, all started by ``start`` and cancelled by ``stop``:
   push the delta bodies each peer asks for;
 - probe (every ``probe_interval``): SWIM ping, indirect ping, suspect; expire suspicions,
   forget the long dead, drop load reports past their TTL;
-- push-pull (every ``push_pull_interval``): exchange membership and digests with one random
-  peer and repair both sides, and try one member declared dead (it may only have been cut
-  off); a peer too far behind is advised to fetch a snapshot;
+- push-pull (every ``push_pull_interval``; anti-entropy, ``router.gossip.anti_entropy``):
+  exchange membership and digests with one random peer and repair both sides, and try one
+  member declared dead (it may only have been cut off); a peer too far behind is advised to
+  fetch a snapshot;
 - rejoin (every ``rejoin_interval``): resolve seeds and the DNS name, push-pull with
   addresses no live member has.
 
 Every exchange it starts is bounded by a timeout and owned (cancelled on stop); a slow peer
 holds at most one of them at a time. The node moves messages and owns time and tasks; what they
 change is decided by its ``NodeState`` (state.py), how they are sealed by its ``EnvelopeCodec``
-(envelope.py), and what a delta or a load figure means by the delegate.
+(envelope.py), the push-pull and snapshot exchanges by its ``AntiEntropy`` (anti_entropy.py), and
+what a delta or a load figure means by the delegate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 from router.core.fields import ConfigError
+from router.gossip.anti_entropy import AntiEntropy
 from router.gossip.auth import AuthError, ReplayGuard, Sealer
 from router.gossip.clock import Clock, SystemClock
 from router.gossip.config import WILDCARD_HOSTS, GossipConfig, split_hostport
@@ -37,7 +39,6 @@ from router.gossip.discovery import Discovery, Resolver, system_resolver
 from router.gossip.envelope import EnvelopeCodec, body_of
 from router.gossip.membership import Member, State
 from router.gossip.skew import SkewWatch
-from router.gossip.snapshot import SnapshotSessions
 from router.gossip.state import NodeState
 from router.gossip.stats import Counters, GossipStats
 from router.gossip.transport import PeerRefused, Refused, Transport, TransportError
@@ -47,8 +48,6 @@ log = logging.getLogger(__name__)
 
 # Addresses contacted per rejoin tick, so a DNS name with many stale entries stays cheap.
 JOIN_BATCH = 8
-# A snapshot may not claim more chunks than this (64 GiB at the default chunk size).
-MAX_SNAPSHOT_CHUNKS = 65_536
 
 BodyHandler = Callable[[Any], Awaitable[tuple[str, Any]]]
 
@@ -71,7 +70,6 @@ class GossipNode:
         self.tuning = t
         self.node_id = config.node_id
         self.address = ""
-        self._delegate = delegate
         self._transport = transport
         self._clock: Clock = clock or SystemClock()
         self._rng = random.Random(seed)
@@ -85,10 +83,17 @@ class GossipNode:
             self._counters,
         )
         self._state = NodeState(self.node_id, t, delegate, self._counters)
-        self._sessions = SnapshotSessions(t.snapshot_sessions, t.snapshot_session_ttl)
+        self._anti_entropy = AntiEntropy(
+            self._state,
+            delegate,
+            self._clock,
+            self._counters,
+            self._rng,
+            exchange=self._exchange,
+            call=self._call,
+            spawn=self._spawn,
+        )
         self._skew = SkewWatch(t.replay_window, t.max_members)
-        self._snapshot_at = -math.inf
-        self._catching_up = False
         self._loops: list[asyncio.Task[None]] = []
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._running = False
@@ -97,8 +102,8 @@ class GossipNode:
             "indirect_ping": self._on_indirect_ping,
             "rumours": self._on_rumours,
             "updates": self._on_updates,
-            "push_pull": self._on_push_pull,
-            "snapshot_request": self._on_snapshot_request,
+            "push_pull": self._anti_entropy.on_push_pull,
+            "snapshot_request": self._anti_entropy.on_snapshot_request,
         }
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -123,7 +128,7 @@ class GossipNode:
             self._loop("rejoin", t.rejoin_interval, self._rejoin, phase=0.0),
             self._loop("gossip", t.gossip_interval, self._round),
             self._loop("probe", t.probe_interval, self._probe),
-            self._loop("push-pull", t.push_pull_interval, self._push_pull_random),
+            self._loop("push-pull", t.push_pull_interval, self._anti_entropy.round),
         ]
 
     async def stop(self, leave: bool = True) -> None:
@@ -146,7 +151,7 @@ class GossipNode:
         if addresses is None:
             addresses = await self._discovery.addresses()
         targets = [a for a in dict.fromkeys(addresses) if a != self.address][: JOIN_BATCH * 4]
-        results = await asyncio.gather(*(self._push_pull(a) for a in targets))
+        results = await asyncio.gather(*(self._anti_entropy.push_pull(a) for a in targets))
         return sum(results)
 
     # -- public views --------------------------------------------------------------------------
@@ -237,24 +242,6 @@ class GossipNode:
         self._counters.probe_failures += 1
         self._state.suspect(target, self._clock.now())
 
-    async def _push_pull_random(self) -> None:
-        table = self._state.members
-        dead = table.peers(State.DEAD)
-        if dead:
-            # As memberlist gossips to the dead: a member declared dead may only have been cut
-            # off. Once the network heals, this exchange tells it so (it refutes) and repairs
-            # both sides, without waiting for the rejoin loop; the dead are tried only until
-            # they are forgotten (dead_reclaim).
-            peer = self._rng.choice(dead)
-            self._spawn(f"dead:{peer.address}", self._revive(peer.address, peer.id))
-        peers = table.peers(State.ALIVE)
-        if peers:
-            peer = self._rng.choice(peers)
-            await self._push_pull(peer.address, peer.id)
-
-    async def _revive(self, address: str, node_id: str) -> None:
-        await self._push_pull(address, node_id)
-
     async def _rejoin(self) -> None:
         table = self._state.members
         found = await self._discovery.addresses()
@@ -326,72 +313,6 @@ class GossipNode:
         if bodies:
             await self._call(peer.address, peer.id, updates=pb.Updates(deltas=bodies))
 
-    async def _push_pull(self, address: str, node_id: str = "") -> bool:
-        """Anti-entropy with member ``node_id``, or with whoever answers at ``address``."""
-        frame = await self._exchange(address, node_id, push_pull=self._state.push_pull())
-        reply = None if frame is None else body_of(frame)
-        if frame is None or not isinstance(reply, pb.PushPullReply):
-            return False
-        # A first contact learns the peer's id from its (authenticated) reply: what follows
-        # is for that node only.
-        peer_id = frame.sender
-        updates = self._state.apply_push_pull_reply(reply, self._clock.now(), self._clock.wall())
-        if updates is not None:
-            await self._call(address, peer_id, updates=updates)
-        if reply.snapshot_advised:
-            self._catch_up(address, peer_id)
-        self._repair_skipped(address, peer_id)
-        return True
-
-    def _repair_skipped(self, address: str, node_id: str) -> None:
-        """When deltas were passed over, a snapshot: from their origin's node when it is alive
-        (it holds its own blocks; delegates name origins NODE/RUN), else from ``node_id``."""
-        skipped = self._state.deltas.skipped
-        if not skipped:
-            return
-        for origin in skipped:
-            member = self._state.members.get(origin.rpartition("/")[0] or origin)
-            if member is not None and member.state is State.ALIVE and member.id != self.node_id:
-                address, node_id = member.address, member.id
-                break
-        self._catch_up(address, node_id)
-
-    def _catch_up(self, address: str, node_id: str) -> None:
-        now = self._clock.now()
-        if self._catching_up or now - self._snapshot_at < self.tuning.snapshot_cooldown:
-            return
-        if self._state.deltas.skipped:
-            log.info(
-                "gossip: %s missed deltas of %d origin(s) (more came past a gap than it keeps "
-                "waiting); fetching a snapshot from %s",
-                self.node_id,
-                len(self._state.deltas.skipped),
-                node_id or address,
-            )
-        self._snapshot_at = now
-        self._spawn(f"snapshot:{address}", self._fetch_snapshot(address, node_id))
-
-    async def _fetch_snapshot(self, address: str, node_id: str) -> None:
-        self._catching_up = True
-        try:
-            timeout = self.tuning.snapshot_timeout
-            first = await self._call(
-                address, node_id, timeout, snapshot_request=pb.SnapshotRequest()
-            )
-            if not isinstance(first, pb.SnapshotChunk) or first.chunks > MAX_SNAPSHOT_CHUNKS:
-                return
-            self._delegate.restore_blocks(first.engines)
-            for i in range(1, first.chunks):
-                req = pb.SnapshotRequest(snapshot_id=first.snapshot_id, chunk=i)
-                chunk = await self._call(address, node_id, timeout, snapshot_request=req)
-                if not isinstance(chunk, pb.SnapshotChunk) or chunk.chunk != i:
-                    return
-                self._delegate.restore_blocks(chunk.engines)
-            self._state.apply_snapshot(first, self._clock.now())
-            self._counters.snapshots_received += 1
-        finally:
-            self._catching_up = False
-
     async def _leave(self) -> None:
         me = self._state.leave(self._clock.now())
         peers = self._state.members.peers(State.ALIVE, State.SUSPECT)
@@ -424,7 +345,7 @@ class GossipNode:
                 reply_kind, body = await handler(getattr(frame, kind or ""))
                 sender = self._state.members.get(frame.sender)
                 if sender is not None:
-                    self._repair_skipped(sender.address, sender.id)
+                    self._anti_entropy.repair_skipped(sender.address, sender.id)
             except Exception:
                 # A delegate that fails on one message must not take the server down with it.
                 self._counters.errors += 1
@@ -454,25 +375,3 @@ class GossipNode:
     async def _on_updates(self, updates: pb.Updates) -> tuple[str, Any]:
         self._state.apply_updates(updates, self._clock.now(), self._clock.wall())
         return "ack", pb.Ack()
-
-    async def _on_push_pull(self, req: pb.PushPull) -> tuple[str, Any]:
-        return "push_pull_reply", self._state.answer_push_pull(req, self._clock.now())
-
-    async def _on_snapshot_request(self, req: pb.SnapshotRequest) -> tuple[str, Any]:
-        now = self._clock.now()
-        if req.snapshot_id:
-            chunk = self._sessions.chunk(req.snapshot_id, req.chunk, now)
-            if chunk is None:
-                return "nack", pb.Nack(reason="snapshot unknown or expired")
-            return "snapshot_chunk", chunk
-        if not self._sessions.has_room(now):
-            return "nack", pb.Nack(reason="busy: too many snapshots in progress")
-        covers = self._state.digest()
-        loads = list(self._state.loads.reports())
-        parts: list[list[pb.EngineBlocks]] = []
-        for part in self._delegate.export_blocks(self.tuning.snapshot_chunk_bytes):
-            parts.append(part)
-            # Copying a large index takes a while: let other work run between chunks.
-            await asyncio.sleep(0)
-        self._counters.snapshots_sent += 1
-        return "snapshot_chunk", self._sessions.open(covers, loads, parts, self._clock.now())

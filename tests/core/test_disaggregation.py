@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from router.core.decision import RoutingCore
+from router.core.decision import Lease, RoutingCore
 from router.core.disaggregation import (
     DEFAULT_KV_BYTES_PER_TOKEN,
     DisaggSettings,
@@ -97,6 +97,63 @@ def test_a_slow_link_with_vllm_lets_an_idle_prefill_engine_answer_whole() -> Non
     assert d.path == "whole" and d.engine in ("p1", "p2")
     assert d.why == "prefill-engine-cheaper"
     assert d.decision is d.prefill
+
+
+def queue_prefill(r: RoutingCore, engine: str, prompts: int) -> list[Lease]:
+    """``prompts`` new prompts of ~4,000 tokens sent to ``engine`` and not prefilled yet."""
+    leases = []
+    for i in range(prompts):
+        d = r.decide(body(f"document {engine} {i}: {LONG}"), [engine], 0.0)
+        leases.append(r.acquire(d, engine, 0.0))
+    return leases
+
+
+def test_a_long_prefill_queue_keeps_the_request_whole_on_the_decode_engine() -> None:
+    r = core()
+    busy(r, "d1", 8)
+    busy(r, "d2", 8)
+    queued = [*queue_prefill(r, "p1", 10), *queue_prefill(r, "p2", 10)]
+    fast = DisaggSettings(link_gbps=400)
+    d = decide(r, body(LONG), ROLES, ENGINES, 1.0, fast)
+    # 40,000 tokens ahead on either prefill engine: 4 s before its prefill even starts.
+    assert d.path == "whole" and d.engine in ("d1", "d2") and d.why == "whole-cheaper"
+    assert d.split_seconds is not None and d.whole_seconds is not None
+    assert d.split_seconds > 4.0 > d.whole_seconds
+    for lease in queued:
+        r.release(lease)
+    idle = decide(r, body(LONG), ROLES, ENGINES, 1.0, fast)
+    assert idle.path == "split" and idle.why == "split-cheaper"
+
+
+def test_full_decode_batches_send_the_request_whole_to_a_prefill_engine() -> None:
+    r = core()
+    full = EngineReport(running=32, waiting=20, kv_usage=0.5)
+    for e in ("d1", "d2"):
+        r.loads.engine_report(e, full, 0.0)
+    d = decide(r, body(LONG), ROLES, ENGINES, 1.0, DisaggSettings(link_gbps=400))
+    # A split's decode half would wait for 20 batch slots there, like a whole request.
+    assert d.path == "whole" and d.engine in ("p1", "p2") and d.why == "prefill-engine-cheaper"
+    assert d.decision is d.prefill
+    wait = 8192 * 20 / DisaggSettings().prefill_tokens_per_s  # the preset's wait_tokens
+    assert d.split_seconds is not None and d.split_seconds > wait
+    assert d.prefill_whole_seconds is not None and d.prefill_whole_seconds < wait
+    # With slots free again the same request splits.
+    for e in ("d1", "d2"):
+        r.loads.engine_report(e, EngineReport(running=8, waiting=0, kv_usage=0.1), 0.5)
+    again = decide(r, body(LONG), ROLES, ENGINES, 1.0, DisaggSettings(link_gbps=400))
+    assert again.path == "split" and again.why == "split-cheaper"
+
+
+def test_an_idle_prefill_engine_is_still_charged_the_stall_it_decodes_beside() -> None:
+    # Nothing runs on the prefill engine, yet answering there would decode beside the prefills
+    # it goes on to run: its estimate carries the stall, so a fast link keeps the split.
+    r = core()
+    busy(r, "d1", 8)
+    busy(r, "d2", 8)
+    d = decide(r, body(LONG), ROLES, ENGINES, 1.0, DisaggSettings(link_gbps=400))
+    assert d.path == "split"
+    assert d.prefill_whole_seconds is not None and d.split_seconds is not None
+    assert d.prefill_whole_seconds > d.split_seconds
 
 
 def test_a_follow_up_turn_stays_where_its_conversation_lives() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import subprocess
 import sys
 
@@ -57,6 +58,32 @@ def test_kvrouter_falls_back_to_whole_at_a_slow_link() -> None:
     fast = simulate_fleet("kvrouter", POLICY, TRACE, at(7200.0), Objectives())
     assert slow.split_share < 0.1 < fast.split_share
     assert slow.transfer_gb < fast.transfer_gb
+
+
+def test_a_decode_pool_too_small_for_the_answers_hands_them_to_the_prefill_pool() -> None:
+    # One decode engine of 4 slots, answers of 5 s, two new 6,000-token prompts a second:
+    # the decode pool holds 0.8 answers a second, three prefill engines' free slots the rest.
+    spec = dataclasses.replace(SPEC, max_batch=4)
+    rng = random.Random(5)
+    trace = [
+        from_body(
+            {
+                "model": "m",
+                "prompt": " ".join(f"w{rng.randrange(10**6)}" for _ in range(3000)),
+                "max_tokens": 200,
+                "timestamp": i * 0.5,
+            },
+            f"r{i}",
+        )
+        for i in range(120)
+    ]
+    f = PdFleet(3, 1, spec, DisaggSettings(link_gbps=400))
+    goal = Objectives(2.0, 0.05, 1 / spec.prefill_tokens_per_s)
+    kv, split = (simulate_fleet(n, POLICY, trace, f, goal) for n in ("kvrouter", "always-split"))
+    assert kv.paths.get("whole:prefill-engine-cheaper", 0) > len(trace) / 2
+    # Splitting everything queues for the decode engine's slots without end.
+    assert split.ttft_p50 > 10 * kv.ttft_p50
+    assert kv.goodput > 10 * split.goodput
 
 
 def test_a_split_requests_first_token_waits_for_prefill_and_transfer() -> None:

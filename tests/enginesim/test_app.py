@@ -18,8 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.core.blocks import CHARS_PER_TOKEN
 from router.core.engine_model import EngineSpec
-from router.enginesim.app import DROP_AFTER_TOKENS, REGISTRY, build_app
+from router.enginesim.app import build_app
+from router.enginesim.app_keys import REGISTRY
 from router.enginesim.engine import SimSettings
+from router.enginesim.faults import DROP_AFTER_TOKENS
 from router.enginesim.requests import DEFAULT_MAX_TOKENS
 from router.gateway.openai.sse import Decoder
 from tests.enginesim.support import (

@@ -320,4 +320,4 @@ async def test_exchange_usage_teaches_the_core_the_engines_token_size(tmp_path: 
             assert status == 200
         # The fake engine counts every prompt as 10 tokens of its own, whatever its length.
         d = r.gw.core.decide(chat(prompt), [A], now=0.0)
-        assert r.gw.core.token_scale.ratio == pytest.approx(d.prompt_tokens / 10, rel=0.06)
+        assert r.gw.core.sizes.scale.ratio == pytest.approx(d.prompt_tokens / 10, rel=0.06)

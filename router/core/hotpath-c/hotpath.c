@@ -2,7 +2,8 @@
  *
  * Each function here has a pure-Python twin in router/core (blocks, lru, index, predictions,
  * shortlist); that twin is the reference, and the property tests hold the two to identical
- * results. router/core/hotpath.py decides which one runs.
+ * results. router/core/hotpath.py decides which one runs. The arithmetic over the scored
+ * candidates (the cap, the scores, their totals and ranking) is in scoring.c.
  *
  * Written against the CPython C API rather than Cython: the code is a handful of tight loops
  * over dicts, lists and byte buffers, which the C API expresses directly, and the build then
@@ -15,6 +16,8 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "hotpath.h"
 
 #define XXH_INLINE_ALL
 #include "xxhash.h"
@@ -640,39 +643,6 @@ fail:
     return NULL;
 }
 
-/* at_most(limit, values): per value, whether it is at most ``limit``; TypeError unless every
- * value is an int (the caller's reference decides other types). */
-static PyObject *
-hp_at_most(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "at_most(limit, values)");
-        return NULL;
-    }
-    PyObject *limit = args[0];
-    PyObject *seq = PySequence_Fast(args[1], "values must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **vs = PySequence_Fast_ITEMS(seq);
-    PyObject *out = PyList_New(n);
-    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
-        if (!PyLong_Check(vs[i])) {
-            PyErr_SetString(PyExc_TypeError, "at_most compares ints only");
-            Py_CLEAR(out);
-            break;
-        }
-        int le = PyObject_RichCompareBool(vs[i], limit, Py_LE);
-        if (le < 0) {
-            Py_CLEAR(out);
-            break;
-        }
-        PyList_SET_ITEM(out, i, Py_NewRef(le ? Py_True : Py_False));
-    }
-    Py_DECREF(seq);
-    return out;
-}
-
 /* -- the module ---------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -696,8 +666,18 @@ static PyMethodDef methods[] = {
      "shortlist(overlaps, requests, eligible, holders, spares): (positions, tie)."},
     {"narrow", (PyCFunction)(void (*)(void))hp_narrow, METH_FASTCALL,
      "narrow(keep, cands, columns): (candidates left out, each column at keep)."},
-    {"at_most", (PyCFunction)(void (*)(void))hp_at_most, METH_FASTCALL,
-     "at_most(limit, values): per int value, whether it is at most limit."},
+    {"under_cap", (PyCFunction)(void (*)(void))hp_under_cap, METH_FASTCALL,
+     "under_cap(loads, weight, epsilon, min_cap): per load, whether it stays under the cap."},
+    {"ttft_costs", (PyCFunction)(void (*)(void))hp_ttft_costs, METH_FASTCALL,
+     "ttft_costs(overlaps, tokens, requests, waiting, usage, ...): ttft-estimate's costs."},
+    {"falling", (PyCFunction)(void (*)(void))hp_falling, METH_FASTCALL,
+     "falling(costs): per cost, 1 - cost / the largest (all 1.0 when it is not above 0)."},
+    {"shares", (PyCFunction)(void (*)(void))hp_shares, METH_FASTCALL,
+     "shares(overlaps, blocks, waiting): prefix-overlap's score per candidate."},
+    {"weighted", (PyCFunction)(void (*)(void))hp_weighted, METH_FASTCALL,
+     "weighted(weights, columns, n): per candidate, the weighted sum of its scores."},
+    {"rank", (PyCFunction)(void (*)(void))hp_rank, METH_FASTCALL,
+     "rank(eligible, totals, requests): the candidates' positions, best first."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
+from router.core import hotpath
 from router.core.fields import Fields
 
 LoadMetric = Literal["requests", "tokens"]
@@ -58,6 +59,37 @@ class Inputs:
             pairs = zip(self.overlaps, self.credited, strict=True)
             return [max(o, c) if m else o for o, m in pairs]
         return [max(o, c) for o in self.overlaps]
+
+
+def falling(costs: Sequence[float]) -> list[float]:
+    """Per candidate, 1 - its cost / the dearest's: 1 costs nothing, 0 costs the most (all 1
+    when nothing costs anything). The scorers that price candidates share this scale."""
+    native = hotpath.native
+    if native is not None:
+        try:
+            return native.falling(costs)
+        except (OverflowError, TypeError):  # ints past 2**53: the reference divides them exactly
+            pass
+    top = max(costs, default=0)
+    if top <= 0:
+        return [1.0] * len(costs)
+    return [1.0 - c / top for c in costs]
+
+
+def weigh(weights: Sequence[float], columns: Sequence[list[float]], n: int) -> list[float]:
+    """Per candidate (``n`` of them), the sum over the scorers of weight x score, in the
+    scorers' order (a weight of 0 skipped): what the picker compares."""
+    native = hotpath.native
+    if native is not None:
+        try:
+            return native.weighted(weights, columns, n)
+        except (OverflowError, TypeError):  # scores that are not floats: Python's arithmetic
+            pass
+    totals = [0.0] * n
+    for w, column in zip(weights, columns, strict=True):
+        if w:
+            totals = [t + w * v for t, v in zip(totals, column, strict=True)]
+    return totals
 
 
 def param(

@@ -10,6 +10,7 @@ from router.core.scorers.base import (
     Inputs,
     LoadMetric,
     ScorerType,
+    falling,
     param,
     read_params,
 )
@@ -31,11 +32,7 @@ def parse(f: Fields) -> Params:
 
 def score(p: Params, x: Inputs) -> list[float]:
     """1 for the idlest candidate, falling linearly to 0 for the busiest."""
-    loads = x.requests if p.metric == "requests" else x.tokens
-    top = max(loads, default=0)
-    if top <= 0:
-        return [1.0] * len(loads)
-    return [1.0 - v / top for v in loads]
+    return falling(x.requests if p.metric == "requests" else x.tokens)
 
 
 TYPE = ScorerType(NAME, Params, parse, score)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from router.core.fields import Fields
-from router.core.scorers.base import Inputs, ScorerType, read_params
+from router.core.scorers.base import Inputs, ScorerType, falling, read_params
 
 NAME = "prefill-cost"
 
@@ -29,13 +29,9 @@ def score(_p: Params, x: Inputs) -> list[float]:
     """
     pt, bt = x.prompt_tokens, x.block_tokens
     overlaps = x.scored_overlaps
-    costs = [
-        q + (pt - o * bt if o * bt < pt else 0) for q, o in zip(x.tokens, overlaps, strict=True)
-    ]
-    top = max(costs, default=0)
-    if top <= 0:
-        return [1.0] * len(costs)
-    return [1.0 - c / top for c in costs]
+    return falling(
+        [q + (pt - o * bt if o * bt < pt else 0) for q, o in zip(x.tokens, overlaps, strict=True)]
+    )
 
 
 TYPE = ScorerType(NAME, Params, parse, score)

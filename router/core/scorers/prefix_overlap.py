@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from router.core import hotpath
 from router.core.fields import Fields
 from router.core.scorers.base import Inputs, ScorerType, read_params
 
@@ -34,9 +35,16 @@ def score(_p: Params, x: Inputs) -> list[float]:
         return [0.0] * len(x.candidates)
     n = x.blocks
     overlaps = x.scored_overlaps
-    if not x.waiting or min(x.waiting):
+    waiting = x.waiting if x.waiting and not min(x.waiting) else ()
+    native = hotpath.native
+    if native is not None:
+        try:
+            return native.shares(overlaps, n, waiting)
+        except (OverflowError, TypeError):  # ints past 2**53: the reference divides them exactly
+            pass
+    if not waiting:
         return [o / n for o in overlaps]
-    return [o / n / (1 + w) for o, w in zip(overlaps, x.waiting, strict=True)]
+    return [o / n / (1 + w) for o, w in zip(overlaps, waiting, strict=True)]
 
 
 TYPE = ScorerType(NAME, Params, parse, score)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from router.core import hotpath
 from router.core.fields import Fields
-from router.core.scorers.base import Inputs, ScorerType, param, read_params
+from router.core.scorers.base import Inputs, ScorerType, falling, param, read_params
 
 NAME = "ttft-estimate"
 
@@ -36,16 +37,23 @@ def costs(p: Params, x: Inputs) -> list[float]:
     per request in its batch (both engine-reported where fresh), with the cached overlap
     discounted linearly from full at ``kv_pressure`` KV use to none at a full cache.
     """
-    n = len(x.candidates)
     pt, bt = x.prompt_tokens, x.block_tokens
+    wt, rt, knee = p.wait_tokens, p.running_tokens, p.kv_pressure
+    overlaps = x.scored_overlaps
+    native = hotpath.native
+    if native is not None:
+        try:
+            return native.ttft_costs(
+                overlaps, x.tokens, x.requests, x.waiting, x.kv_usage, pt, bt, wt, rt, knee
+            )
+        except (OverflowError, TypeError):  # past 64-bit figures: the reference copes
+            pass
+    n = len(x.candidates)
     waiting = x.waiting or [0] * n
     usage = x.kv_usage or [0.0] * n
-    wt, rt, knee = p.wait_tokens, p.running_tokens, p.kv_pressure
     out = []
     # Runs for every scored candidate of every request: conditionals, not max() calls.
-    for o, queued, r, w, u in zip(
-        x.scored_overlaps, x.tokens, x.requests, waiting, usage, strict=True
-    ):
+    for o, queued, r, w, u in zip(overlaps, x.tokens, x.requests, waiting, usage, strict=True):
         cached = o * bt
         if cached and u > knee:
             cached = int(cached * (1.0 - u if u < 1.0 else 0.0) / (1.0 - knee))
@@ -60,11 +68,7 @@ def score(p: Params, x: Inputs) -> list[float]:
     linearly to 0 at the dearest. A hot prefix stays on its engines while the prefill it saves
     exceeds their queues, and spreads (one extra prefill) once they are saturated.
     """
-    c = costs(p, x)
-    top = max(c, default=0)
-    if top <= 0:
-        return [1.0] * len(c)
-    return [1.0 - v / top for v in c]
+    return falling(costs(p, x))
 
 
 TYPE = ScorerType(NAME, Params, parse, score)

@@ -11,7 +11,8 @@
     response headers: the endpoint that served; the lease moves to it if Envoy fell back;
         200 -> record the prefix (the first byte), publish the delta (a split request: on its
         prefill engine too, whose answer the decode engine's first byte implies)
-    response body chunks -> the usage tail; end_of_stream (or the trailers) -> release
+    response body chunks -> the usage tail (counted, and the engine's prompt count against
+        the router's calibrates the core); end_of_stream (or the trailers) -> release
         (with response_body_mode NONE, the response's headers are its end)
     the stream ends before that (Envoy reset it, or closed it early) -> release what is held
 
@@ -39,7 +40,7 @@ import orjson
 from router.core.decision import Lease
 from router.core.verdict import Decision
 from router.gateway.disagg import paths as disagg
-from router.gateway.exchange import GENERATION_ROUTES, decide
+from router.gateway.exchange import decide
 from router.gateway.extproc import messages as msg
 from router.gateway.extproc.endpoints import Endpoints
 from router.gateway.extproc.metrics import EppMetrics
@@ -54,6 +55,7 @@ from router.gateway.openai.errors import (
     error_response,
 )
 from router.gateway.openai.request import PROMPT_FIELD, json_object
+from router.gateway.settle import GENERATION_ROUTES
 from router.gateway.upstream.headers import UsageTail
 from router.gateway.wiring import Services
 
@@ -379,10 +381,14 @@ class PickerStream:
         """The response ended: usage counted, load given back."""
         if self.phase is Phase.DONE:
             return
+        d = self.decision
         if self.status == 200 and self.route in GENERATION_ROUTES and self.lease is not None:
             counts = self.tail.usage() if self.event_stream else self.tail.json_usage()
-            if counts is not None:
+            if counts is not None and d is not None:
                 self.s.metrics.usage(*counts)
+                # The engine's count of the prompt against the router's, as the proxy's
+                # exchange gives it: the engines' cache sizes are read in the router's tokens.
+                self.s.core.calibrate(d.prompt_tokens, counts[0])
         self._end()
 
     def close(self) -> None:

@@ -42,7 +42,7 @@ event, its type named by the status (``ANTHROPIC_TYPES``) whatever the dialect.
     │   │   ├── FirstByteTimeout         no body byte within timeouts.first_byte_seconds
     │   │   └── IdleStreamTimeout        no byte within timeouts.idle_stream_seconds
     │   └── UpstreamStatus          502  the engine answered 5xx (its body stays in the log)
-    └── InjectedFault               4xx, 5xx  engine-sim's ``POST /fault`` (router.enginesim.app)
+    └── InjectedFault               4xx, 5xx  engine-sim's ``POST /fault`` (router.enginesim.faults)
 
 Nothing internal reaches a client in an error: an engine's failure is answered with a generic
 message per kind (``UpstreamError.public``) and the request's id, which the log lines that carry

@@ -2,7 +2,8 @@
 
 Both read the engine's body through a ``Body``: each read within the idle timeout, under the
 attempt's one ``Deadline`` (router.gateway.upstream.deadline). Both end in an ``Answer`` that
-says how the relay ended; the exchange (router.gateway.exchange) counts it.
+says how the relay ended; the exchange (router.gateway.exchange) settles it
+(router.gateway.settle).
 
 An event stream (``stream``) goes out event by event as it arrives, in an ``EventStream``.
 Once it has started nothing is retried: a failure leaves the stream open for the exchange to

@@ -14,6 +14,7 @@ import orjson
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from router.core.token_scale import MIN_REQUESTS
 from router.gateway.config.serving import FlowControl
 from router.gateway.extproc import messages as msg
 from tests.fakes import FakeEngine
@@ -56,6 +57,17 @@ async def test_picker_records_the_prefix_where_it_was_served(tmp_path: Path) -> 
         first = await p.route(chat(LONG))
         again = await p.route(chat(LONG + " and a follow-up question"))
         assert again.endpoints[0] == first.endpoints[0]
+
+
+async def test_picker_usage_teaches_the_core_the_engines_token_size(tmp_path: Path) -> None:
+    # As the proxy's exchange does: an index sized in engine tokens read as the router's would
+    # believe prefixes the engines evicted long ago (or forget ones they hold).
+    async with picking(tmp_path) as p:
+        for _ in range(MIN_REQUESTS):
+            routed = await p.route(chat(LONG))  # the engine counts the prompt as 10 tokens
+            assert routed.immediate is None
+        d = p.rig.gw.core.decide(chat(LONG), [A], now=0.0)
+        assert p.rig.gw.core.sizes.scale.ratio == pytest.approx(d.prompt_tokens / 10, rel=0.06)
 
 
 async def test_picker_buffered_answers_headers_first_then_picks_on_the_body(

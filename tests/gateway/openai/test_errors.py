@@ -23,7 +23,7 @@ from router.gateway.openai.errors import (
 )
 
 # Modules outside router.gateway.openai.errors that define GatewayError subclasses.
-DEFINERS = ["router.gateway.inbound.auth", "router.enginesim.app"]
+DEFINERS = ["router.gateway.inbound.auth", "router.enginesim.faults"]
 
 
 def drawn_tree() -> dict[str, str | None]:
