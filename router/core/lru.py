@@ -118,9 +118,10 @@ class LruKeys:
 
     def evicted_age(self, count: int, now: float) -> float | None:
         """How long ago the newest of the keys that ``count`` new keys would push out was
-        touched; None when they fit without evicting anything."""
+        touched; None when they evict nothing (they fit, or the cache is empty: more keys than
+        it holds push out only each other)."""
         over = len(self._keys) + count - self.capacity
-        if over <= 0:
+        if over <= 0 or not self._keys:
             return None
         t = next(islice(self._keys.values(), min(over, len(self._keys)) - 1, None), now)
         return now - t

@@ -195,3 +195,5 @@ def test_lru_evicted_age_is_the_newest_of_what_new_keys_would_push_out() -> None
     assert lru.evicted_age(3, 100.0) == 80.0  # keys 1 and 2: the newest of them was used at 20
     assert lru.evicted_age(10, 100.0) == 70.0  # everything goes, key 3 last
     assert len(lru) == 3  # a question, not an eviction
+    lru.clear()  # an emptied cache given more than it holds (a prompt past its size)
+    assert lru.evicted_age(10, 100.0) is None
