@@ -325,6 +325,7 @@ class RoutingCore:
             kv_usage=usage,
             credit=credit,
             credited=credited,
+            token_scale=self.sizes.scale.ratio,
         )
         scores = {s.type: SCORERS[s.type].score(s.params, x) for s in p.scorers}
         weights = [s.weight for s in p.scorers]

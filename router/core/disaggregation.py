@@ -217,7 +217,10 @@ def _slot_wait(d: Decision, engine: str, p: ttft_estimate.Params) -> float:
     """The prefill tokens ``costs`` charges on ``engine`` for the batch slots a request sent
     now would wait for there."""
     x = d.inputs
-    return float(p.wait_tokens * x.waiting[x.candidates.index(engine)]) if x.waiting else 0.0
+    if not x.waiting:
+        return 0.0
+    wait_tokens, _ = ttft_estimate.in_router_tokens(p, x)
+    return float(wait_tokens * x.waiting[x.candidates.index(engine)])
 
 
 def _pending(d: Decision, engine: str) -> int:

@@ -75,6 +75,7 @@ def inputs(draw: st.DrawFn) -> Inputs:
         credited=draw(st.just(()) | st.lists(st.booleans(), min_size=n, max_size=n))
         if credit
         else (),
+        token_scale=draw(st.sampled_from([1.0, 0.26, 2.5])),
     )
 
 

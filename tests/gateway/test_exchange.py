@@ -321,3 +321,5 @@ async def test_exchange_usage_teaches_the_core_the_engines_token_size(tmp_path: 
         # The fake engine counts every prompt as 10 tokens of its own, whatever its length.
         d = r.gw.core.decide(chat(prompt), [A], now=0.0)
         assert r.gw.core.sizes.scale.ratio == pytest.approx(d.prompt_tokens / 10, rel=0.06)
+        # And the scorers read their engine-token params at that ratio.
+        assert d.inputs.token_scale == r.gw.core.sizes.scale.ratio != 1.0

@@ -44,6 +44,9 @@ class Inputs:
     # only those ``credited`` (empty: every one) where a copy would evict nothing of value.
     credit: int = 0
     credited: Sequence[bool] = ()
+    # Router tokens per engine token (``core.token_scale``; 1 until learnt): params counted in
+    # the engines' tokens are read times this, the unit the prompt and the queues are in.
+    token_scale: float = 1.0
 
     def uncached(self, i: int) -> int:
         """Prompt tokens candidate ``i`` would have to prefill (the part it does not hold)."""

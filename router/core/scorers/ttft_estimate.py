@@ -13,10 +13,10 @@ NAME = "ttft-estimate"
 
 @dataclass(frozen=True, slots=True)
 class Params:
-    """Prefill-token equivalents charged per request queued inside the engine
-    (``wait_tokens``) and per request in its batch (``running_tokens``), and the KV cache use
-    above which cached overlap is discounted (``kv_pressure``: a full cache evicts the prefix
-    the router is counting on)."""
+    """Prefill-token equivalents, in the engines' tokens (``in_router_tokens``), charged per
+    request queued inside the engine (``wait_tokens``) and per request in its batch
+    (``running_tokens``), and the KV cache use above which cached overlap is discounted
+    (``kv_pressure``: a full cache evicts the prefix the router is counting on)."""
 
     wait_tokens: int = param(2048, 0, 10_000_000)
     running_tokens: int = param(128, 0, 10_000_000)
@@ -28,6 +28,19 @@ def parse(f: Fields) -> Params:
     return read_params(Params, f)
 
 
+def in_router_tokens(p: Params, x: Inputs) -> tuple[int, int]:
+    """``wait_tokens`` and ``running_tokens``, engine prefill tokens, in the router's tokens.
+
+    The prompt and the queues are counted as the router counts (four characters a token when
+    approximate); with engines whose tokenizer cuts far fewer characters to a token, the same
+    params read unscaled would weigh a cache hit at a fraction of its prefill against a queue.
+    """
+    s = x.token_scale
+    if s == 1.0:
+        return p.wait_tokens, p.running_tokens
+    return round(p.wait_tokens * s), round(p.running_tokens * s)
+
+
 def costs(p: Params, x: Inputs) -> list[float]:
     """Per candidate, the prefill tokens that stand between this request and its first token.
 
@@ -37,8 +50,8 @@ def costs(p: Params, x: Inputs) -> list[float]:
     per request in its batch (both engine-reported where fresh), with the cached overlap
     discounted linearly from full at ``kv_pressure`` KV use to none at a full cache.
     """
-    pt, bt = x.prompt_tokens, x.block_tokens
-    wt, rt, knee = p.wait_tokens, p.running_tokens, p.kv_pressure
+    pt, bt, knee = x.prompt_tokens, x.block_tokens, p.kv_pressure
+    wt, rt = in_router_tokens(p, x)
     overlaps = x.scored_overlaps
     native = hotpath.native
     if native is not None:
