@@ -45,8 +45,7 @@ Dynamo is not a dependency of kvrouter; install it apart and name its interprete
     python -m bench.dynamo_compare --dynamo-python /opt/dynamo/bin/python \\
         [--engines 4] [--tenants 32] [--requests 1500] [--cache-share 0.4] \\
         [--prefill-load-scale 8] [--dynamo-hop kvrouter|none] \\
-        [--kvrouter-rows round-robin approximate precise] [--block-chars 512] \\
-        [--load-tokens-in-router-tokens]
+        [--kvrouter-rows round-robin approximate precise] [--block-chars 512]
 
 (``aisimulate``, which ai-dynamo lists, downloads from elsewhere and only Dynamo's planner
 needs it: hence ``--no-deps`` and the list by hand.)
@@ -220,12 +219,6 @@ def main() -> None:
     )
     ap.add_argument("--block-chars", type=int, help="kvrouter's block_chars (default the preset's)")
     ap.add_argument(
-        "--load-tokens-in-router-tokens",
-        action="store_true",
-        help="approximate: ttft-estimate's wait_tokens and running_tokens read in the router's "
-        "tokens (times its tokens per engine token), as the prompt is",
-    )
-    ap.add_argument(
         "--dynamo-hop",
         choices=["kvrouter", "none"],
         default="kvrouter",
@@ -321,8 +314,6 @@ def main() -> None:
                 capacity = router_capacity if index == "approximate" else blocks * BLOCK_TOKENS
                 policy = tmp / f"{preset}-{index}.yaml"
                 text = _policy_with(preset, capacity, args.block_chars)
-                if index == "approximate" and args.load_tokens_in_router_tokens:
-                    text = _load_tokens_scaled(text, chars / tokens / 4)
                 policy.write_text(text)
                 extra: list[str] = []
                 for e, ports in zip(engines, feeds, strict=True):
@@ -375,16 +366,6 @@ def _knows_workers(front: Proc, mode: str, n: int) -> bool:
     log = re.sub(r"\x1b\[[0-9;]*m", "", front.log_path.read_text(errors="replace"))  # colours
     members = max((int(m) for m in re.findall(r"members=(\d+)", log)), default=0)
     return members >= n and (mode != "kv" or log.count("Adding worker") >= n)
-
-
-def _load_tokens_scaled(policy: str, router_per_engine: float) -> str:
-    """The kv-aware preset's ``wait_tokens`` and ``running_tokens``, prefill tokens the engine
-    counts, in the router's tokens: the unit its approximate prompt counts are in."""
-
-    def scaled(m: re.Match[str]) -> str:
-        return f"{m[1]}{round(int(m[2]) * router_per_engine)}"
-
-    return re.sub(r"(\n    (?:wait|running)_tokens: )(\d+)", scaled, policy)
 
 
 def _policy_with(preset: str, tokens: int, block_chars: int | None) -> str:
