@@ -11,7 +11,10 @@ from its /metrics, given to ``engine_report``) also sees work no router replica 
 of. It is blended with the router's figures so that its age neither double-counts nor forgets
 what was just sent: the engine's requests at the report's time T, minus this replica's requests
 that were in flight at T and have finished since, plus this replica's requests sent after T
-still in flight; never less than the router's own figure. A report older than ``stale_after``
+still in flight, plus the change in its peers' reported figures since T (without it, every
+request a peer finished since the scrape would still count, and the busiest engines, the
+deepest holders, would look busier to each of several replicas than to one); never less than
+the router's own figure. A report older than ``stale_after``
 seconds is ignored: the router's own figures stand alone, as they do for an engine that never
 reported.
 
@@ -58,23 +61,34 @@ class EngineReport:
 
 # A report is trusted this long by default: a few scrape intervals of the gateway's default.
 DEFAULT_STALE_AFTER_SECONDS = 2.0
+# A replica's hottest prefixes in each load report, and the most taken from a peer's. A
+# prefix spreads once a few requests per holder are in flight behind it, so only the hottest
+# few can be near that; the cap bounds what a peer's report can make this replica hold.
+HOT_PREFIXES = 32
 
 
 class _Reported:
-    """An engine's last report and the local traffic since it was taken."""
+    """An engine's last report and the traffic since it was taken."""
 
-    __slots__ = ("at", "done", "report", "since")
+    __slots__ = ("at", "done", "peers", "report", "since")
 
-    def __init__(self, report: EngineReport, at: float, since: int) -> None:
+    def __init__(self, report: EngineReport, at: float, since: int, peers: int) -> None:
         self.report = report
         self.at = at
         self.since = since  # local requests sent after ``at``, still in flight
         self.done = 0  # local requests in flight at ``at`` that have finished since
+        self.peers = peers  # the peers' requests in flight on the engine at ``at``, as reported
 
-    @property
-    def requests(self) -> int:
-        """The engine's requests now, by this report and the local traffic since."""
-        return self.report.running + self.report.waiting - self.done + self.since
+    def moved(self, peers_now: int) -> tuple[int, int]:
+        """Requests sent since the report and still in flight, and requests in flight at the
+        report that have finished since: this replica's counted, its peers' net change."""
+        change = peers_now - self.peers
+        return self.since + max(0, change), self.done + max(0, -change)
+
+    def requests(self, peers_now: int) -> int:
+        """The engine's requests now, by this report and the traffic since."""
+        since, done = self.moved(peers_now)
+        return self.report.running + self.report.waiting - done + since
 
 
 class LoadBook:
@@ -196,8 +210,9 @@ class LoadBook:
         """``engine``'s own figures as they were at ``at`` (when the scrape was sent)."""
         since = sum(1 for t in self._sent.get(engine, ()) if t > at)
         last = self._reported.get(engine)
-        r = self._reported[engine] = _Reported(report, at, since)
-        self._blend[engine] = r.requests
+        peers = self._remote_requests.get(engine, 0)
+        r = self._reported[engine] = _Reported(report, at, since, peers)
+        self._blend[engine] = r.requests(peers)
         # A bound below every fresh report's time; made exact again by ``_drop_stale``.
         self._oldest = min(self._oldest, at)
         known = self._slots.get(engine)
@@ -231,11 +246,14 @@ class LoadBook:
     def queued(self, engine: str, now: float) -> int | None:
         """Requests waiting inside ``engine`` now, by its fresh report (None: no report).
 
-        Each local request that finished since the report let one waiting request into the
-        batch: a queue of one seen at the moment a slot changed hands is gone, not a queue.
+        Each request that finished since the report (this replica's, or its peers' by their
+        reports) let one waiting request into the batch: a queue of one seen at the moment a
+        slot changed hands is gone, not a queue.
         """
         r = self._fresh(engine, now)
-        return None if r is None else max(0, r.report.waiting - r.done)
+        if r is None:
+            return None
+        return max(0, r.report.waiting - r.moved(self._remote_requests.get(engine, 0))[1])
 
     def _backlog(self, engine: str, r: _Reported) -> int:
         """Where a request sent to ``engine`` now would stand: 0, it starts at once; k, it
@@ -245,15 +263,16 @@ class LoadBook:
         this router sent since the report, which fills the batch and then the queue.
         """
         rep = r.report
-        queued = max(0, rep.waiting - r.done)
+        since, done = r.moved(self._remote_requests.get(engine, 0))
+        queued = max(0, rep.waiting - done)
         slots = self._slots.get(engine)
         if slots is None:
             return queued
-        return max(queued, rep.running + rep.waiting - r.done + r.since - slots + 1)
+        return max(queued, rep.running + rep.waiting - done + since - slots + 1)
 
     def _reblend(self, engine: str, r: _Reported) -> None:
         if engine in self._blend:
-            self._blend[engine] = r.requests
+            self._blend[engine] = r.requests(self._remote_requests.get(engine, 0))
 
     def _drop_stale(self, now: float) -> None:
         reported, stale = self._reported, self.stale_after
@@ -309,6 +328,9 @@ class LoadBook:
                 req[e] = req.get(e, 0) + ld.requests
                 tok[e] = tok.get(e, 0) + ld.tokens
         self._remote_requests, self._remote_tokens = req, tok
+        reported = self._reported
+        for e in self._blend:
+            self._blend[e] = reported[e].requests(req.get(e, 0))
         heat: dict[int, int] = {}
         for hot in self._remote_heat.values():
             for k, n in hot.items():

@@ -108,6 +108,24 @@ def test_loadbook_report_with_peer_load_never_below_fleet_figure() -> None:
     assert book.requests([E], now=1.0) == [5]
 
 
+def test_loadbook_report_follows_what_peers_sent_and_finished_since() -> None:
+    book = LoadBook()
+    book.peer_report("peer", {E: Load(6, 0)})
+    book.engine_report(E, EngineReport(running=4, waiting=2), at=1.0)  # the peer's six
+    assert book.requests([E], now=1.1) == [6] and book.queued(E, now=1.1) == 2
+    # Two of the peer's requests finish: their slots go to the two waiting.
+    book.peer_report("peer", {E: Load(4, 0)})
+    assert book.requests([E], now=1.2) == [4] and book.queued(E, now=1.2) == 0
+    book.peer_report("peer", {E: Load(7, 0)})  # three more sent since the report
+    assert book.requests([E], now=1.3) == [7]
+    # Work no router sent still counts: the report's eight hold one from elsewhere.
+    book.engine_report(E, EngineReport(running=8), at=1.4)
+    book.peer_report("peer", {E: Load(5, 0)})
+    assert book.requests([E], now=1.5) == [6]
+    book.forget_peer("peer")  # its requests leave with it, the others stay
+    assert book.requests([E], now=1.6) == [1]
+
+
 def test_loadbook_prefilled_tokens_leave_the_queue_not_the_request() -> None:
     book = LoadBook()
     book.acquire(E, 100, now=1.0)
