@@ -13,7 +13,7 @@ from router.commands.traces import read_trace
 from router.core.engine_model import EngineSpec
 from router.core.pd_simulator import simulate_pd
 from router.core.policy import Policy, PolicyError
-from router.core.simulator import Fleet, Outside, SimResult, simulate
+from router.core.simulator import Fleet, Outside, Replicas, SimResult, simulate
 from router.core.workload import (
     HotspotSpec,
     SyntheticSpec,
@@ -101,6 +101,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="engines report running, waiting and KV use this often, as the gateway scrapes "
         "them (0.5; 0: no reports, the router sees only what it sent)",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="router replicas taking the requests in turns, sharing what they learn (1)",
+    )
+    parser.add_argument(
+        "--gossip-lag",
+        type=float,
+        default=Replicas().lag,
+        metavar="SECONDS",
+        help="with --replicas: how late a replica's deltas and load reports reach the others "
+        f"({Replicas().lag:g})",
+    )
+    parser.add_argument(
+        "--load-interval",
+        type=float,
+        default=Replicas().load_interval,
+        metavar="SECONDS",
+        help="with --replicas: seconds between a replica's load reports "
+        f"({Replicas().load_interval:g}; 0: before every decision)",
     )
     parser.add_argument(
         "--bypass-share",
@@ -195,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
         if args.report_interval < 0:
             raise ValueError("--report-interval must be 0 or more")
         outside = Outside(args.bypass_share, args.restart_at, args.seed)
+        replicas = Replicas(args.replicas, args.gossip_lag, args.load_interval)
         pd = pd_options.fleet_of(args, spec) if pd_options.wanted(args) else None
         trace: list[TraceRequest]
         chat = SyntheticSpec(requests=args.requests, seed=args.seed, rate_per_s=args.rate)
@@ -216,7 +239,12 @@ def run(args: argparse.Namespace) -> int:
         print(pd_options.as_json(rows) if args.json else aligned(*pd_options.table(rows)))
         return 0
     fleet = Fleet(
-        args.engines, spec, args.speedup, report_interval=args.report_interval, outside=outside
+        args.engines,
+        spec,
+        args.speedup,
+        report_interval=args.report_interval,
+        outside=outside,
+        replicas=replicas,
     )
     results = simulate(policies, trace, fleet, progress, args.index, time.thread_time_ns)
     if args.json:

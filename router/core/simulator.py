@@ -27,6 +27,11 @@ With ``Fleet.report_interval`` set, every engine reports its running and waiting
 its KV use (``engine_model.Occupancy``) to the core's ``LoadBook`` every that many seconds, as
 the gateway's /metrics scraper does: each decision sees a report up to one interval old,
 blended with what the router sent since.
+
+With ``Fleet.replicas`` (``Replicas``), several routing cores share the requests in turns, as
+replicas behind one Service do, and learn of each other as gossip tells them live: each
+replica's deltas (a record's blocks) and load reports (its in-flight figures and hottest
+prefixes, every ``load_interval``) reach its peers ``lag`` seconds later.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ from router.core.blocks import CHARS_PER_TOKEN, token_keys
 from router.core.decision import CoreSettings, Lease, RoutingCore
 from router.core.engine_blocks import Change
 from router.core.engine_model import EngineClock, EngineSpec, Occupancy, PrefixCache
-from router.core.load import EngineReport
+from router.core.index import Delta
+from router.core.load import HOT_PREFIXES, EngineReport, Load
 from router.core.policy import Policy
 from router.core.precise import TokenPrompt
 from router.core.stats import percentile
@@ -103,6 +109,23 @@ class Outside:
 
 
 @dataclass(frozen=True, slots=True)
+class Replicas:
+    """Router replicas taking the requests in turns and hearing of each other ``lag`` late."""
+
+    count: int = 1
+    # Seconds from a replica's delta or load report to its peers' books. Live, on one busy
+    # host, a peer's load figures were about 10 ms behind (bench/RESULTS.md, "Several replicas:
+    # the load they see of each other").
+    lag: float = 0.01
+    # Seconds between one replica's load reports (gossip's local preset).
+    load_interval: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.lag < 0 or self.load_interval < 0:
+            raise ValueError("replicas must be at least 1, their lag and interval 0 or more")
+
+
+@dataclass(frozen=True, slots=True)
 class Fleet:
     """N engines of one spec (``capacity_tokens`` per engine) and the replay speed-up."""
 
@@ -114,6 +137,7 @@ class Fleet:
     # A report older than this many intervals is ignored, as the gateway's default does.
     stale_after_intervals: int = 4
     outside: Outside = field(default_factory=Outside)
+    replicas: Replicas = field(default_factory=Replicas)
 
 
 def _block_ids(engine_keys: Sequence[int]) -> list[int]:
@@ -125,12 +149,17 @@ def _block_ids(engine_keys: Sequence[int]) -> list[int]:
 class _Events:
     """The engines' KV cache events as a precise router receives them (no wire, no delay)."""
 
-    def __init__(self, core: RoutingCore, names: Sequence[str]) -> None:
-        self.core = core
+    def __init__(self, cores: Sequence[RoutingCore], names: Sequence[str]) -> None:
+        self.cores = cores  # every replica subscribes to every engine's events
         # engine -> its block key -> the router's key for it (for removals)
         self._keys: dict[str, dict[int, int]] = {name: {} for name in names}
-        for name in names:
-            core.set_precise(name, 1)
+        for core in cores:
+            for name in names:
+                core.set_precise(name, 1)
+
+    def _observe(self, engine: str, change: Change, now: float) -> None:
+        for core in self.cores:
+            core.observe(engine, change, now)
 
     def admitted(
         self, engine: str, keys: Sequence[int], evicted: Sequence[int], now: float
@@ -139,15 +168,62 @@ class _Events:
         known = self._keys[engine]
         gone = [k for e in evicted if (k := known.pop(e, None)) is not None]
         if gone:
-            self.core.observe(engine, Change(removed=tuple(gone)), now)
+            self._observe(engine, Change(removed=tuple(gone)), now)
         stored = token_keys(_block_ids(keys), 1)
         known.update(zip(keys, stored, strict=True))
         if stored:
-            self.core.observe(engine, Change(stored=tuple(stored)), now)
+            self._observe(engine, Change(stored=tuple(stored)), now)
 
     def cleared(self, engine: str, now: float) -> None:
         self._keys[engine].clear()
-        self.core.observe(engine, Change(cleared=True), now)
+        self._observe(engine, Change(cleared=True), now)
+
+
+# A replica's load report: its in-flight figures per engine and its hottest prefixes.
+_Report = tuple[dict[str, Load], dict[int, int]]
+
+
+class _Gossip:
+    """What each replica tells the others, delivered ``lag`` after it was said."""
+
+    def __init__(self, cores: Sequence[RoutingCore], replicas: Replicas) -> None:
+        self.cores = cores
+        self.lag = replicas.lag
+        self.interval = replicas.load_interval
+        self._next_report = 0.0
+        self._said = 0  # ties in the queue go in the order said
+        # (due, said, replica, a delta or a load report)
+        self._queue: list[tuple[float, int, int, Delta | _Report]] = []
+
+    def _say(self, replica: int, news: Delta | _Report, now: float) -> None:
+        self._said += 1
+        heapq.heappush(self._queue, (now + self.lag, self._said, replica, news))
+
+    def delta(self, replica: int, delta: Delta | None, now: float) -> None:
+        if delta is not None and len(self.cores) > 1:
+            self._say(replica, delta, now)
+
+    def loads_due(self, now: float) -> None:
+        """Each replica's load report, when one is due (interval 0: before every decision)."""
+        if len(self.cores) < 2 or now < self._next_report:
+            return
+        for r, core in enumerate(self.cores):
+            self._say(r, (core.loads.local_all(), core.loads.hottest(HOT_PREFIXES)), now)
+        self._next_report = now + self.interval
+
+    def deliver(self, now: float) -> None:
+        """Everything said up to ``now`` less the lag reaches every other replica."""
+        q = self._queue
+        while q and q[0][0] <= now:
+            at, _, source, news = heapq.heappop(q)
+            origin = self.cores[source].origin
+            for r, core in enumerate(self.cores):
+                if r == source:
+                    continue
+                if isinstance(news, Delta):
+                    core.index.apply(news, at)
+                else:
+                    core.loads.peer_report(origin, *news)
 
 
 class SimEngine:
@@ -215,15 +291,16 @@ def simulate_policy(
     """
     names = [f"engine-{i}" for i in range(fleet.engines)]
     every = fleet.report_interval
-    core = RoutingCore(
-        policy, settings=CoreSettings(stale_after=every * fleet.stale_after_intervals)
-    )
-    core.set_engines(dict.fromkeys(names, 1))
-    for name in names:
-        core.index.add_engine(name, max(1, fleet.spec.capacity_tokens // policy.block_tokens))
+    settings = CoreSettings(stale_after=every * fleet.stale_after_intervals)
+    cores = [RoutingCore(policy, f"replica-{r}", settings) for r in range(fleet.replicas.count)]
+    for core in cores:
+        core.set_engines(dict.fromkeys(names, 1))
+        for name in names:
+            core.index.add_engine(name, max(1, fleet.spec.capacity_tokens // policy.block_tokens))
+    gossip = _Gossip(cores, fleet.replicas)
     bt = engine_block_tokens(trace)
     engines = {name: SimEngine(fleet.spec, bt) for name in names}
-    events = _Events(core, names) if precise else None
+    events = _Events(cores, names) if precise else None
     outside = fleet.outside
     bypass = outside.bypass(len(trace), len(names))
     restart = -1 if outside.restart_at is None else int(outside.restart_at * len(trace))
@@ -236,13 +313,19 @@ def simulate_policy(
     for i, req in enumerate(trace):
         now = req.timestamp / fleet.speedup
         while due and due[0][0] <= now:
-            at, kind, _, ending = heapq.heappop(due)
+            at, kind, j, ending = heapq.heappop(due)
+            gossip.deliver(at)
+            owner = j % len(cores)
             if kind == _FIRST_TOKEN:
-                core.record(ending, at)
+                gossip.delta(owner, cores[owner].record(ending, at), at)
             else:
-                core.release(ending)
+                cores[owner].release(ending)
+        gossip.loads_due(now)
+        gossip.deliver(now)
+        core = cores[i % len(cores)]
         if every > 0 and now >= next_report:
-            report_loads(core, engines, now)
+            for c in cores:
+                report_loads(c, engines, now)
             next_report = now + every
         if i == restart:
             engines[names[0]].cache.clear()

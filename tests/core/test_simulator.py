@@ -12,7 +12,7 @@ import pytest
 
 from router.commands.traces import read_trace
 from router.core.engine_model import EngineClock, EngineSpec, PrefixCache
-from router.core.simulator import Fleet, Outside, simulate, simulate_policy
+from router.core.simulator import Fleet, Outside, Replicas, simulate, simulate_policy
 from router.core.stats import percentile
 from router.core.workload import (
     MOONCAKE_BLOCK_TOKENS,
@@ -195,6 +195,31 @@ def test_simulate_engine_reports_change_the_decisions() -> None:
     assert (blind.cached_tokens, blind.ttft_p99) != (seen.cached_tokens, seen.ttft_p99)
 
 
+def test_simulate_replicas_share_what_they_learn_deaf_ones_lose_hits() -> None:
+    trace = list(synthetic(SyntheticSpec(requests=600, rate_per_s=8.0)))
+    policy = load_policy(preset_path("kv-aware"))
+    spec = EngineSpec(capacity_tokens=200_000)
+
+    def run(replicas: Replicas) -> float:
+        fleet = Fleet(4, spec, report_interval=0.5, replicas=replicas)
+        return simulate_policy(policy, trace, fleet).hit_ratio
+
+    one = run(Replicas(1))
+    told = run(Replicas(4, lag=0.05, load_interval=0.05))
+    # News that never arrives: each replica sees a quarter of every conversation.
+    deaf = run(Replicas(4, lag=1e9))
+    assert told >= 0.98 * one
+    assert deaf < 0.95 * told
+
+
+@pytest.mark.parametrize(
+    ("count", "lag", "interval"), [(0, 0.0, 0.0), (2, -1.0, 0.0), (2, 0.0, -1.0)]
+)
+def test_replicas_bad_values_refused(count: int, lag: float, interval: float) -> None:
+    with pytest.raises(ValueError, match="replicas"):
+        Replicas(count, lag, interval)
+
+
 def test_outside_bypass_is_seeded_round_robin_of_its_share() -> None:
     plan = Outside(0.25, seed=3).bypass(2000, 4)
     straight = [e for e in plan if e is not None]
@@ -270,3 +295,19 @@ def test_simulate_cli_bypass_restart_and_both_indexes() -> None:
     assert [r["policy"] for r in rows] == ["kv-aware", "kv-aware (precise)", "pooled-reference"]
     bad = subprocess.run([*cmd, "--bypass-share", "1"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 1 and "bypass share" in bad.stderr
+
+
+def test_simulate_cli_replicas_and_their_bad_values() -> None:
+    base = [sys.executable, "-m", "router.cli", "simulate", "--synthetic", "--requests", "300"]
+    base += ["--json"]
+
+    def hit_ratio(*flags: str) -> float:
+        res = subprocess.run([*base, *flags], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return float(json.loads(res.stdout)[0]["hit_ratio"])
+
+    told = hit_ratio("--replicas", "4", "--gossip-lag", "0.02", "--load-interval", "0.05")
+    deaf = hit_ratio("--replicas", "4", "--gossip-lag", "1e9")
+    assert deaf < told
+    bad = subprocess.run([*base, "--replicas", "0"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 1 and "replicas must be at least 1" in bad.stderr

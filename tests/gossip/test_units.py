@@ -9,9 +9,9 @@ import pytest
 
 from router.core.fields import ConfigError
 from router.core.index import BlockIndex, IndexLimits
-from router.core.load import Load, LoadBook
+from router.core.load import HOT_PREFIXES, Load, LoadBook
 from router.core.seq import SeqWindow
-from router.gateway.replicas.delegate import HOT_PREFIXES, IndexDelegate, run_origin
+from router.gateway.replicas.delegate import IndexDelegate, run_origin
 from router.gossip.auth import AuthError, ReplayGuard, Sealer
 from router.gossip.broadcast import TransmitQueue
 from router.gossip.config import LAN, LOCAL, GossipConfig, secret_from_env

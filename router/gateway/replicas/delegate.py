@@ -19,17 +19,13 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from router.core.index import BlockIndex, Delta
-from router.core.load import Load, LoadBook
+from router.core.load import HOT_PREFIXES, Load, LoadBook
 from router.gossip.wire import pb
 
 # Bytes a snapshot spends per block key (packed fixed64), for sizing chunks.
 _KEY_BYTES = 8
 # Room left in a chunk for engine names and framing.
 _CHUNK_SLACK = 4096
-# A replica's hottest prefixes in each load report, and the most taken from a peer's. A
-# prefix spreads once a few requests per holder are in flight behind it, so only the hottest
-# few can be near that; the cap bounds what a peer's report can make this replica hold.
-HOT_PREFIXES = 32
 
 
 def run_origin(node_id: str) -> str:
