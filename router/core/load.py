@@ -14,9 +14,8 @@ that were in flight at T and have finished since, plus this replica's requests s
 still in flight, plus the change in its peers' reported figures since T (without it, every
 request a peer finished since the scrape would still count, and the busiest engines, the
 deepest holders, would look busier to each of several replicas than to one); never less than
-the router's own figure. A report older than ``stale_after``
-seconds is ignored: the router's own figures stand alone, as they do for an engine that never
-reported.
+the router's own figure. A report older than ``stale_after`` seconds is ignored: the router's
+own figures stand alone, as they do for an engine that never reported.
 
 An engine's batch has a limit no metric names (vLLM's ``max_num_seqs``, or what its KV cache
 fits): a report with requests waiting shows it, as the requests then running. The book learns
@@ -202,7 +201,7 @@ class LoadBook:
 
     def total(self, engine: str) -> Load:
         return Load(
-            self._requests.get(engine, 0) + self._remote_requests.get(engine, 0),
+            self._requests.get(engine, 0) + self._peers_on(engine),
             self._tokens.get(engine, 0) + self._remote_tokens.get(engine, 0),
         )
 
@@ -210,7 +209,7 @@ class LoadBook:
         """``engine``'s own figures as they were at ``at`` (when the scrape was sent)."""
         since = sum(1 for t in self._sent.get(engine, ()) if t > at)
         last = self._reported.get(engine)
-        peers = self._remote_requests.get(engine, 0)
+        peers = self._peers_on(engine)
         r = self._reported[engine] = _Reported(report, at, since, peers)
         self._blend[engine] = r.requests(peers)
         # A bound below every fresh report's time; made exact again by ``_drop_stale``.
@@ -253,7 +252,7 @@ class LoadBook:
         r = self._fresh(engine, now)
         if r is None:
             return None
-        return max(0, r.report.waiting - r.moved(self._remote_requests.get(engine, 0))[1])
+        return max(0, r.report.waiting - r.moved(self._peers_on(engine))[1])
 
     def _backlog(self, engine: str, r: _Reported) -> int:
         """Where a request sent to ``engine`` now would stand: 0, it starts at once; k, it
@@ -263,16 +262,20 @@ class LoadBook:
         this router sent since the report, which fills the batch and then the queue.
         """
         rep = r.report
-        since, done = r.moved(self._remote_requests.get(engine, 0))
+        since, done = r.moved(self._peers_on(engine))
         queued = max(0, rep.waiting - done)
         slots = self._slots.get(engine)
         if slots is None:
             return queued
         return max(queued, rep.running + rep.waiting - done + since - slots + 1)
 
+    def _peers_on(self, engine: str) -> int:
+        """The peers' requests in flight on ``engine``, by their latest reports."""
+        return self._remote_requests.get(engine, 0)
+
     def _reblend(self, engine: str, r: _Reported) -> None:
         if engine in self._blend:
-            self._blend[engine] = r.requests(self._remote_requests.get(engine, 0))
+            self._blend[engine] = r.requests(self._peers_on(engine))
 
     def _drop_stale(self, now: float) -> None:
         reported, stale = self._reported, self.stale_after
