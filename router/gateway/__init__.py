@@ -13,10 +13,8 @@ One request, one ``exchange``; every sub-package serves it, and each opens with 
   ``quality``: its routing-quality counters (reached, routed, achieved, why not the deepest).
 - ``receipt``: a request's receipt, filled along the exchange and closed once: counted in
   ``quality`` and written as the access log's JSON line; the opt-in route headers.
-- ``tracing``: OpenTelemetry spans of each request (off by default), and the W3C trace context
-  each attempt sends its engine.
-- ``trace_context``: the client's ``traceparent`` read and the head sampler's verdict, before
-  the SDK sees a request (a dropped one never does).
+- ``tracing/``: OpenTelemetry traces of each request (off by default): its spans, recorded and
+  sent over OTLP by the router itself, and the W3C trace context each attempt sends its engine.
 - ``stored_responses``: a stateful Responses request (``previous_response_id``) goes to the
   engine that stored its response, learnt from the answers.
 - ``openai/``: the protocols, no I/O: the request body parsed once (chat, completions,

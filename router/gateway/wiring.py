@@ -51,7 +51,7 @@ from router.gateway.precise.tokenize import Tokenizer
 from router.gateway.receipt import Receipts, no_receipts
 from router.gateway.replicas.delegate import run_origin
 from router.gateway.runtime.drain import Drain
-from router.gateway.tracing import Tracing
+from router.gateway.tracing.tracer import Tracing
 from router.gateway.upstream.abort import Aborts
 from router.gateway.upstream.client import HttpUpstream, Upstream
 from router.gateway.upstream.relay import HoldBudget

@@ -9,7 +9,8 @@
 - ``gossip``: the ``gossip`` section.
 - ``models``: the ``models`` section: model aliases and patterns, and the request rewritten to
   the served name.
-- ``tracing``: the ``tracing`` section, and the standard ``OTEL_*`` variables over it.
+- ``tracing``: the ``tracing`` section, and the standard ``OTEL_*`` variables over it;
+  ``otlp_delivery``: the exporter's and batching's variables (headers, TLS, timeouts, batches).
 - ``epp``: the ``epp`` section (the endpoint picker) and its flags.
 - ``disaggregation``: the ``disaggregation`` section: the prefill/decode wire protocol, the
   link and the model's KV size.

@@ -16,6 +16,9 @@ takes effect without editing it:
     OTEL_TRACES_SAMPLER_ARG                 a ratio sampler's ratio; unset: ``sample_ratio``
     OTEL_SERVICE_NAME                       the resource's service.name; unset: ``service_name``
 
+The exporter's and batching's own variables (``OTEL_EXPORTER_OTLP_HEADERS``, ``OTEL_BSP_*``,
+...) are router.gateway.config.otlp_delivery's.
+
 A value outside these is a ``ConfigError`` naming the variable: the router does not start on a
 tracing setup it would silently ignore.
 """
@@ -23,9 +26,10 @@ tracing setup it would silently ignore.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from router.core.fields import ConfigError, ConfigFields
+from router.gateway.config.otlp_delivery import Delivery, delivery
 
 PROTOCOLS = ("grpc", "http/protobuf")
 # The collector's usual address on each protocol (OpenTelemetry's defaults).
@@ -48,8 +52,6 @@ class TracingSettings:
     enabled: bool = False
     # The OTLP collector; empty: the standard variables, else the protocol's local default.
     endpoint: str = ""
-    # grpc rides on the grpcio the gossip already needs; http/protobuf needs the
-    # ``otlp-http`` extra (opentelemetry-exporter-otlp-proto-http).
     protocol: str = "grpc"
     # Share of new traces kept; a request whose client sent a traceparent follows its flag.
     sample_ratio: float = 1.0
@@ -65,6 +67,8 @@ class TraceExport:
     sampler: str  # one of SAMPLERS
     ratio: float
     service_name: str
+    # Headers, TLS, timeouts and batching: router.gateway.config.otlp_delivery.
+    delivery: Delivery = field(default_factory=Delivery)
 
 
 def tracing(f: ConfigFields | None) -> TracingSettings:
@@ -118,7 +122,8 @@ def export(settings: TracingSettings, environ: Mapping[str, str]) -> TraceExport
     else:
         sampler = "parentbased_traceidratio"
     _, service = _var(environ, "OTEL_SERVICE_NAME")
-    return TraceExport(endpoint, protocol, sampler, ratio, service or settings.service_name)
+    service = service or settings.service_name
+    return TraceExport(endpoint, protocol, sampler, ratio, service, delivery(environ))
 
 
 def _endpoint(settings: TracingSettings, environ: Mapping[str, str], protocol: str) -> str:

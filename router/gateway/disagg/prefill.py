@@ -33,7 +33,7 @@ from router.gateway.openai.errors import (
     UpstreamStatus,
 )
 from router.gateway.receipt import Receipt
-from router.gateway.tracing import RequestTrace
+from router.gateway.tracing.tracer import RequestTrace
 from router.gateway.upstream import relay
 from router.gateway.upstream.client import Upstream, UpstreamRequest, UpstreamResponse
 from router.gateway.upstream.deadline import Deadline

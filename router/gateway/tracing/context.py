@@ -1,10 +1,8 @@
-"""A request's W3C trace context and the head sampler's verdict on it, without the SDK's objects.
+"""A request's W3C trace context, and the head sampler's verdict on it.
 
-To drop a request and still tell the engines its context, the SDK builds a span, a context and
-a carrier dict: 8 to 13 us a request, most of what tracing costs at a ratio of 0.01. Here the
-client's ``traceparent`` is read, the sampler decides from the ids alone as the SDK's samplers
-of the same names do (tests/gateway/test_trace_context.py holds the two together), and a
-dropped request's header is formatted directly. Only sampled requests reach the SDK.
+The client's ``traceparent`` and ``tracestate`` are read here, the sampler decides from the ids
+alone as OpenTelemetry's samplers of the same names do, and the header an engine gets is
+formatted directly (tests/gateway/tracing/test_context.py holds all three to the SDK's).
 """
 
 from __future__ import annotations
@@ -13,8 +11,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
-
 # version-trace_id-parent_id-flags; a later version may append fields, version 00 may not.
 _TRACEPARENT = re.compile(
     r"[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:(-.*)|[ \t]*)$"
@@ -22,6 +18,12 @@ _TRACEPARENT = re.compile(
 # Longer values are ignored, as the SDK's propagator ignores them.
 MAX_TRACEPARENT = 512
 _LOW_64 = (1 << 64) - 1
+# tracestate: list members key=value (W3C Trace Context, section 3.3.1), at most 32.
+_STATE_MEMBER = re.compile(
+    r"([a-z][_0-9a-z*/-]{0,255}|[a-z0-9][_0-9a-z*/-]{0,240}@[a-z][_0-9a-z*/-]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
+MAX_STATE_MEMBERS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +59,11 @@ class HeadSampler:
         self._parent_based = name.startswith("parentbased_")
         root = name.removeprefix("parentbased_")
         # Each root sampler is a bound on the trace id's low 64 bits: all of them, none, or
-        # the ratio's share (the SDK's own arithmetic, so that both agree on every id).
+        # the ratio's share (the SDK's arithmetic, so that both agree on every id).
         bounds = {
             "always_on": _LOW_64 + 1,
             "always_off": 0,
-            "traceidratio": TraceIdRatioBased.get_bound_for_rate(ratio),
+            "traceidratio": round(ratio * (_LOW_64 + 1)),
         }
         self._bound = bounds[root]
 
@@ -75,3 +77,19 @@ class HeadSampler:
 def traceparent(trace_id: int, span_id: int, sampled: bool) -> str:
     """The version-00 ``traceparent`` naming a span."""
     return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+
+
+def tracestate_of(headers: Mapping[str, str]) -> str:
+    """The client's ``tracestate``, normalised; "" when absent or invalid (all or nothing)."""
+    value = headers.get("tracestate")
+    if not value:
+        return ""
+    members = [m.strip(" \t") for m in value.split(",")]
+    members = [m for m in members if m]
+    keys = set()
+    for m in members:
+        match = _STATE_MEMBER.fullmatch(m)
+        if match is None or match[1] in keys:
+            return ""
+        keys.add(match[1])
+    return ",".join(members) if len(members) <= MAX_STATE_MEMBERS else ""

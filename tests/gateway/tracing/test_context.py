@@ -1,4 +1,4 @@
-"""The head sampler and the traceparent reader agree with the OpenTelemetry SDK's own."""
+"""The head sampler and the trace context readers agree with the OpenTelemetry SDK's own."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 from opentelemetry import trace
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
@@ -18,10 +17,18 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace.span import TraceState
 
 from router.gateway.config.tracing import SAMPLERS, TraceExport
-from router.gateway.trace_context import MAX_TRACEPARENT, HeadSampler, parent_of, traceparent
-from router.gateway.tracing import Tracing
+from router.gateway.tracing.context import (
+    MAX_TRACEPARENT,
+    HeadSampler,
+    parent_of,
+    traceparent,
+    tracestate_of,
+)
+from router.gateway.tracing.tracer import Tracing
+from tests.otlp import Captured
 
 PROPAGATOR = TraceContextTextMapPropagator()
 ROUTE = "/v1/chat/completions"
@@ -96,8 +103,8 @@ def test_trace_context_samples_as_the_sdks_sampler_of_the_same_name(
 
 
 def test_trace_context_dropped_request_tells_the_engines_its_trace_unflagged() -> None:
-    exporter = InMemorySpanExporter()
-    tracing = Tracing(TraceExport("http://unused:4317", "grpc", "always_off", 0.0, "k"), exporter)
+    sent = Captured()
+    tracing = Tracing(TraceExport("http://unused:4317", "grpc", "always_off", 0.0, "k"), sent)
     client = CIMultiDict(
         {
             "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
@@ -109,7 +116,7 @@ def test_trace_context_dropped_request_tells_the_engines_its_trace_unflagged() -
     client["tracestate"] = "vendor=opaque"
     kept = dict(tracing.request(client, ROUTE, "rid3").attempt("http://e", 1))
     asyncio.run(tracing.close())
-    assert exporter.get_finished_spans() == ()
+    assert sent.requests == []
     version, trace_id, span_id, flags = first["traceparent"].split("-")
     assert (version, trace_id, flags) == ("00", "4bf92f3577b34da6a3ce929d0e0e4736", "00")
     assert span_id not in ("00f067aa0ba902b7", "0" * 16)
@@ -121,14 +128,37 @@ def test_trace_context_dropped_request_tells_the_engines_its_trace_unflagged() -
 
 
 def test_trace_context_sampled_new_trace_keeps_the_id_it_was_sampled_by() -> None:
-    exporter = InMemorySpanExporter()
+    sent = Captured()
     ratio = TraceExport("http://unused:4317", "grpc", "traceidratio", 0.5, "k")
-    tracing = Tracing(ratio, exporter)
+    tracing = Tracing(ratio, sent)
     for n in range(64):
         tracing.request(CIMultiDict(), ROUTE, f"r{n}").end(200)
     asyncio.run(tracing.close())
-    spans = exporter.get_finished_spans()
+    spans = sent.spans()
     bound = TraceIdRatioBased.get_bound_for_rate(0.5)
     assert 0 < len(spans) < 64  # both verdicts met in 64 draws (a chance of 2**-63 to fail)
-    assert all(s.context is not None and s.context.trace_id & (2**64 - 1) < bound for s in spans)
-    assert len({s.context.trace_id for s in spans if s.context is not None}) == len(spans)
+    assert all(int(s.trace_id, 16) & (2**64 - 1) < bound for s in spans)
+    assert len({s.trace_id for s in spans}) == len(spans)
+
+
+# Near-valid tracestate members: keys and values at and past their limits and alphabets.
+_state_keys = st.one_of(
+    st.from_regex(r"[a-z][a-z0-9_*/-]{0,8}", fullmatch=True),
+    st.from_regex(r"[a-z0-9]{1,4}@[a-z][a-z0-9]{0,14}", fullmatch=True),
+    st.sampled_from(["", "A", "1a", "a" * 256, "a" * 257, "t@" + "s" * 14, "k y", "@x"]),
+)
+_state_values = st.one_of(
+    st.from_regex(r"[!-+\--<>-~]{1,6}", fullmatch=True),
+    st.sampled_from(["", " ", "x ", " x", "a=b", "a,b", "v" * 256, "v" * 257, "\x7f"]),
+)
+_members = st.one_of(
+    st.builds(lambda k, v: f"{k}={v}", _state_keys, _state_values),
+    st.sampled_from(["", " ", "novalue", "="]),
+)
+
+
+@given(st.lists(_members, max_size=36), st.sampled_from([",", ", ", " ,\t"]))
+def test_trace_context_reads_a_tracestate_as_the_sdk_does(members: list[str], sep: str) -> None:
+    value = sep.join(members)
+    theirs = TraceState.from_header([value])
+    assert tracestate_of({"tracestate": value}) == theirs.to_header()
