@@ -17,7 +17,11 @@ setup(
     ext_modules=[
         Extension(
             "router.core._hotpath",
-            sources=["router/core/hotpath-c/hotpath.c", "router/core/hotpath-c/scoring.c"],
+            sources=[
+                "router/core/hotpath-c/hotpath.c",
+                "router/core/hotpath-c/scoring.c",
+                "router/core/hotpath-c/otlp.c",
+            ],
             depends=["router/core/hotpath-c/hotpath.h", "router/core/hotpath-c/xxhash.h"],
             extra_compile_args=EXACT_FLOATS,
             optional=True,

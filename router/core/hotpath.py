@@ -6,7 +6,9 @@ does the per-block and per-engine loops of a decision: the chained block hashes
 (``core.lru``), the claims (``core.predictions``), the shortlist's passes and narrowing
 (``core.shortlist``), the bounded-load cap (``core.ring``), the scorers' per-candidate
 arithmetic and the weighted totals (``core.scorers``) and the ranking of the fallbacks
-(``core.pickers``). Each of those modules keeps its pure-Python loop as the reference:
+(``core.pickers``); and, outside the decision, the trace spans' OTLP encoding
+(``router.gateway.tracing.otlp``). Each of those modules keeps its pure-Python loop as the
+reference:
 property tests hold the two to identical results, and it runs wherever the extension is
 missing (no C compiler at install time: a warning says so once) or unwanted
 (``KVROUTER_PURE_PYTHON=1`` in the environment), and for figures the compiled code does not
@@ -96,6 +98,7 @@ class Native(Protocol):
     def rank(
         self, eligible: Sequence[bool], totals: Sequence[float], requests: Sequence[int], /
     ) -> list[int]: ...
+    def otlp_spans(self, spans: Sequence[Any], /) -> bytes: ...
 
 
 def _load() -> Native | None:

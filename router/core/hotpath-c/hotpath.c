@@ -3,7 +3,8 @@
  * Each function here has a pure-Python twin in router/core (blocks, lru, index, predictions,
  * shortlist); that twin is the reference, and the property tests hold the two to identical
  * results. router/core/hotpath.py decides which one runs. The arithmetic over the scored
- * candidates (the cap, the scores, their totals and ranking) is in scoring.c.
+ * candidates (the cap, the scores, their totals and ranking) is in scoring.c; otlp.c writes
+ * the router's trace spans onto OTLP's wire, the one loop here that is not the decision's.
  *
  * Written against the CPython C API rather than Cython: the code is a handful of tight loops
  * over dicts, lists and byte buffers, which the C API expresses directly, and the build then
@@ -678,6 +679,8 @@ static PyMethodDef methods[] = {
      "weighted(weights, columns, n): per candidate, the weighted sum of its scores."},
     {"rank", (PyCFunction)(void (*)(void))hp_rank, METH_FASTCALL,
      "rank(eligible, totals, requests): the candidates' positions, best first."},
+    {"otlp_spans", (PyCFunction)(void (*)(void))hp_otlp_spans, METH_FASTCALL,
+     "otlp_spans(spans): trace spans as a ScopeSpans message's spans fields (otlp.c)."},
     {NULL, NULL, 0, NULL},
 };
 

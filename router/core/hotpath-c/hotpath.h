@@ -1,5 +1,5 @@
-/* What the sources of router.core._hotpath share: the functions scoring.c defines, which
- * hotpath.c registers in the module. Each takes its arguments as METH_FASTCALL does. */
+/* What the sources of router.core._hotpath share: the functions scoring.c and otlp.c define,
+ * which hotpath.c registers in the module. Each takes its arguments as METH_FASTCALL does. */
 
 #ifndef KVROUTER_HOTPATH_H
 #define KVROUTER_HOTPATH_H
@@ -12,5 +12,6 @@ PyObject *hp_falling(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *hp_shares(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *hp_weighted(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *hp_rank(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *hp_otlp_spans(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -2,8 +2,10 @@
 
 No I/O. The message is small and fixed (opentelemetry/proto/trace/v1/trace.proto, the fields
 below by number), so it is written from tags, lengths and values without building message
-objects: about 4 us a span where the SDK's encoder takes 50. tests/gateway/tracing decodes
-every field back with opentelemetry-proto's own generated classes.
+objects. ``span`` is the reference, about 4 us a span where the SDK's encoder takes 50; the
+compiled twin (router/core/hotpath-c/otlp.c, through router.core.hotpath) writes the same
+bytes in a tenth of that. tests/gateway/tracing decodes every field back with
+opentelemetry-proto's own generated classes, and holds the two encoders to the same bytes.
 
     ExportTraceServiceRequest  1 resource_spans
     ResourceSpans              1 resource (1 attributes), 2 scope_spans
@@ -20,6 +22,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 
+from router.core import hotpath
 from router.gateway.tracing.spans import Span, Value
 
 _MASK64 = (1 << 64) - 1
@@ -139,5 +142,11 @@ class Encoder:
 
 
 def encoded(spans: Sequence[Span]) -> bytes:
-    """``spans`` as a ScopeSpans message's ``spans`` fields."""
+    """``spans`` as a ScopeSpans message's ``spans`` fields: compiled where it is installed."""
+    native = hotpath.native
+    if native is not None:
+        try:
+            return native.otlp_spans(spans)
+        except (TypeError, ValueError, OverflowError):
+            pass  # what the compiled code does not expect, the reference decides
     return b"".join([_field(b"\x12", span(s)) for s in spans])

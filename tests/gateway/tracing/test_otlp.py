@@ -1,15 +1,19 @@
-"""The spans' wire encoding, read back by opentelemetry-proto's generated classes."""
+"""The spans' wire encoding, read back by opentelemetry-proto's generated classes, field by field,
+and the compiled encoder held to the reference's bytes."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from router.gateway.tracing.otlp import Encoder
+from router.core import hotpath
+from router.gateway.tracing.otlp import Encoder, encoded, span
 from router.gateway.tracing.spans import CLIENT, ERROR, INTERNAL, SERVER, Span, Value
+from tests.core.test_hotpath import COMPILED, needs_compiled, reference
 from tests.otlp import _value
 
 ids64 = st.integers(min_value=1, max_value=(1 << 64) - 1)
@@ -84,3 +88,35 @@ def test_otlp_an_unset_status_and_no_parent_are_absent_fields() -> None:
     assert not span.HasField("status") and span.parent_span_id == b""
     assert s.status != ERROR
 
+
+@needs_compiled
+@given(st.lists(some_span(), max_size=5))
+def test_otlp_compiled_encoder_writes_the_references_bytes(batch: list[Span]) -> None:
+    assert COMPILED is not None and hotpath.native is COMPILED
+    ours = COMPILED.otlp_spans(batch)
+    with reference():
+        assert encoded(batch) == ours
+    assert ours == b"".join(b"\x12" + _len(span(s)) + span(s) for s in batch)
+
+
+def _len(body: bytes) -> bytes:
+    n, out = len(body), bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    return bytes([*out, n])
+
+
+@needs_compiled
+def test_otlp_what_the_compiled_encoder_refuses_the_reference_writes() -> None:
+    odd = Span("x", SERVER, 1, 0, 5, {"k": b"raw bytes"})  # not a type spans carry
+    odd.end = 6
+    assert COMPILED is not None
+    with pytest.raises(TypeError):
+        COMPILED.otlp_spans([odd])
+    with reference():
+        expected = encoded([odd])
+    assert encoded([odd]) == expected
+    too_big = Span("x", SERVER, 1 << 128, 0, 5, {})
+    with pytest.raises(OverflowError):
+        encoded([too_big])
