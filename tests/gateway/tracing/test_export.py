@@ -46,15 +46,17 @@ def names(sent: Captured) -> list[list[str]]:
 
 def test_export_sends_full_batches_and_the_rest_at_close() -> None:
     sent = Captured()
-    out = SpanExport(export(), sent)
+    resource = (("k8s.pod.name", "router-0"), ("service.name", "from-resource-attributes"))
+    out = SpanExport(export(replace(SLOW, resource=resource)), sent)
     for n in range(7):
         out.add(span(n))
     out.close(5.0)
     assert sorted(names(sent)) == [["s0", "s1", "s2"], ["s3", "s4", "s5"], ["s6"]]
     assert out.exported == 7 and out.dropped == 0
     attributes = sent.requests[0].resource_spans[0].resource.attributes
-    resource = {a.key: a.value.string_value for a in attributes}
-    assert resource["service.name"] == "svc" and resource["telemetry.sdk.name"] == "kvrouter"
+    got = {a.key: a.value.string_value for a in attributes}
+    assert got["service.name"] == "svc"  # OTEL_SERVICE_NAME or the config win
+    assert got["k8s.pod.name"] == "router-0" and got["telemetry.sdk.name"] == "kvrouter"
 
 
 def test_export_full_queue_drops_the_newest_and_counts_them() -> None:
