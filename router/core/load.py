@@ -8,14 +8,18 @@ share of it, so peers' figures (per origin, replaced wholesale by each peer repo
 
 An engine's own report (``EngineReport``: requests running and waiting, KV cache in use, read
 from its /metrics, given to ``engine_report``) also sees work no router replica sent or knows
-of. It is blended with the router's figures so that its age neither double-counts nor forgets
-what was just sent: the engine's requests at the report's time T, minus this replica's requests
-that were in flight at T and have finished since, plus this replica's requests sent after T
-still in flight, plus the change in its peers' reported figures since T (without it, every
-request a peer finished since the scrape would still count, and the busiest engines, the
-deepest holders, would look busier to each of several replicas than to one); never less than
-the router's own figure. A report older than ``stale_after`` seconds is ignored: the router's
-own figures stand alone, as they do for an engine that never reported.
+of, its peers' included. It is blended with this replica's figures so that its age neither
+double-counts nor forgets what was just sent: the engine's requests at the report's time T,
+minus this replica's requests that were in flight at T and have finished since, plus this
+replica's requests sent after T still in flight; never less than this replica's own figure.
+While an engine's report is fresh, the peers' figures for it are not added: they come late (a
+load interval and a gossip hop), and count each request until its lease is given back, which
+for an endpoint picker is two more round trips after the engine's answer; summed over several
+replicas, that made the busiest engines, the deepest holders, look busier than they were, and
+four gossiping pickers left them for it (bench/RESULTS.md, "Several pickers: the peers' load
+set aside where the engine reports its own": 0.122-0.126 hit ratio with the peers' figures,
+0.133-0.137 without). A report older than ``stale_after`` seconds is ignored: then, as for an
+engine that never reported, the fleet's figure is this replica's own plus its peers'.
 
 An engine's batch has a limit no metric names (vLLM's ``max_num_seqs``, or what its KV cache
 fits): a report with requests waiting shows it, as the requests then running. The book learns
@@ -69,25 +73,17 @@ HOT_PREFIXES = 32
 class _Reported:
     """An engine's last report and the traffic since it was taken."""
 
-    __slots__ = ("at", "done", "peers", "report", "since")
+    __slots__ = ("at", "done", "report", "since")
 
-    def __init__(self, report: EngineReport, at: float, since: int, peers: int) -> None:
+    def __init__(self, report: EngineReport, at: float, since: int) -> None:
         self.report = report
         self.at = at
         self.since = since  # local requests sent after ``at``, still in flight
         self.done = 0  # local requests in flight at ``at`` that have finished since
-        self.peers = peers  # the peers' requests in flight on the engine at ``at``, as reported
 
-    def moved(self, peers_now: int) -> tuple[int, int]:
-        """Requests sent since the report and still in flight, and requests in flight at the
-        report that have finished since: this replica's counted, its peers' net change."""
-        change = peers_now - self.peers
-        return self.since + max(0, change), self.done + max(0, -change)
-
-    def requests(self, peers_now: int) -> int:
-        """The engine's requests now, by this report and the traffic since."""
-        since, done = self.moved(peers_now)
-        return self.report.running + self.report.waiting - done + since
+    def requests(self) -> int:
+        """The engine's requests now, by this report and this replica's traffic since."""
+        return self.report.running + self.report.waiting - self.done + self.since
 
 
 class LoadBook:
@@ -99,9 +95,11 @@ class LoadBook:
         self._tokens: dict[str, int] = {}
         self._remote: dict[str, Mapping[str, Load]] = {}
         # Sums of all peers' reports per engine, rebuilt when a peer report arrives, so that
-        # reading a load on the routing path costs two dict lookups.
+        # reading a load on the routing path costs two dict lookups; and the tokens' sums for
+        # the engines with no fresh report of their own (``_unreported``), the ones decisions add.
         self._remote_requests: dict[str, int] = {}
         self._remote_tokens: dict[str, int] = {}
+        self._remote_tokens_unreported: dict[str, int] = {}
         # When each local request in flight was sent, per engine (to place it against a
         # report's time), and the engines' own reports.
         self._sent: dict[str, list[float]] = {}
@@ -180,28 +178,32 @@ class LoadBook:
     def requests(self, engines: Sequence[str], now: float | None = None) -> list[int]:
         """Fleet-wide in-flight requests for each of ``engines``, in order.
 
-        With ``now``, engines' fresh reports are blended in (see the module docstring).
+        With ``now``, engines' fresh reports stand in for the peers' figures (see the module
+        docstring).
         """
         # Every engine of the fleet is read on each decision: these loops run in C.
-        own = map(self._requests.get, engines, repeat(0))
+        own = list(map(self._requests.get, engines, repeat(0)))
+        fleet = own
         if self._remote_requests:
-            own = map(add, own, map(self._remote_requests.get, engines, repeat(0)))
+            fleet = list(map(add, own, map(self._remote_requests.get, engines, repeat(0))))
         if now is None or not self._reported:
-            return list(own)
+            return fleet
         if now - self._oldest > self.stale_after:
             self._drop_stale(now)
-        return list(map(max, own, map(self._blend.get, engines, repeat(0))))
+        # A fresh report's blend, never below this replica's own; the fleet's figure elsewhere.
+        return list(map(max, own, map(self._blend.get, engines, fleet)))
 
     def tokens(self, engines: Iterable[str]) -> list[int]:
-        """Fleet-wide prompt tokens awaiting prefill for each of ``engines``, in order."""
+        """Prompt tokens awaiting prefill for each of ``engines``, in order: this replica's,
+        and its peers' where the engine has no fresh report (as of the last ``requests``)."""
         own = map(self._tokens.get, engines, repeat(0))
-        if self._remote_tokens:
-            own = map(add, own, map(self._remote_tokens.get, engines, repeat(0)))
+        if self._remote_tokens_unreported:
+            own = map(add, own, map(self._remote_tokens_unreported.get, engines, repeat(0)))
         return list(own)
 
     def total(self, engine: str) -> Load:
         return Load(
-            self._requests.get(engine, 0) + self._peers_on(engine),
+            self._requests.get(engine, 0) + self._remote_requests.get(engine, 0),
             self._tokens.get(engine, 0) + self._remote_tokens.get(engine, 0),
         )
 
@@ -209,9 +211,9 @@ class LoadBook:
         """``engine``'s own figures as they were at ``at`` (when the scrape was sent)."""
         since = sum(1 for t in self._sent.get(engine, ()) if t > at)
         last = self._reported.get(engine)
-        peers = self._peers_on(engine)
-        r = self._reported[engine] = _Reported(report, at, since, peers)
-        self._blend[engine] = r.requests(peers)
+        r = self._reported[engine] = _Reported(report, at, since)
+        self._blend[engine] = r.requests()
+        self._remote_tokens_unreported.pop(engine, None)
         # A bound below every fresh report's time; made exact again by ``_drop_stale``.
         self._oldest = min(self._oldest, at)
         known = self._slots.get(engine)
@@ -236,6 +238,7 @@ class LoadBook:
         self._reported.pop(engine, None)
         self._blend.pop(engine, None)
         self._slots.pop(engine, None)
+        self._unreported_tokens()
 
     def engine_reported(self, engine: str, now: float) -> EngineReport | None:
         """``engine``'s own last report (``engine_report``) if fresh at ``now``, else None."""
@@ -245,14 +248,14 @@ class LoadBook:
     def queued(self, engine: str, now: float) -> int | None:
         """Requests waiting inside ``engine`` now, by its fresh report (None: no report).
 
-        Each request that finished since the report (this replica's, or its peers' by their
-        reports) let one waiting request into the batch: a queue of one seen at the moment a
-        slot changed hands is gone, not a queue.
+        Each of this replica's requests that finished since the report let one waiting request
+        into the batch: a queue of one seen at the moment a slot changed hands is gone, not a
+        queue.
         """
         r = self._fresh(engine, now)
         if r is None:
             return None
-        return max(0, r.report.waiting - r.moved(self._peers_on(engine))[1])
+        return max(0, r.report.waiting - r.done)
 
     def _backlog(self, engine: str, r: _Reported) -> int:
         """Where a request sent to ``engine`` now would stand: 0, it starts at once; k, it
@@ -262,20 +265,15 @@ class LoadBook:
         this router sent since the report, which fills the batch and then the queue.
         """
         rep = r.report
-        since, done = r.moved(self._peers_on(engine))
-        queued = max(0, rep.waiting - done)
+        queued = max(0, rep.waiting - r.done)
         slots = self._slots.get(engine)
         if slots is None:
             return queued
-        return max(queued, rep.running + rep.waiting - done + since - slots + 1)
-
-    def _peers_on(self, engine: str) -> int:
-        """The peers' requests in flight on ``engine``, by their latest reports."""
-        return self._remote_requests.get(engine, 0)
+        return max(queued, r.requests() - slots + 1)
 
     def _reblend(self, engine: str, r: _Reported) -> None:
         if engine in self._blend:
-            self._blend[engine] = r.requests(self._peers_on(engine))
+            self._blend[engine] = r.requests()
 
     def _drop_stale(self, now: float) -> None:
         reported, stale = self._reported, self.stale_after
@@ -283,6 +281,13 @@ class LoadBook:
         for e in [e for e in self._blend if now - reported[e].at > stale]:
             del self._blend[e]
         self._oldest = min((reported[e].at for e in self._blend), default=float("inf"))
+        self._unreported_tokens()
+
+    def _unreported_tokens(self) -> None:
+        blend = self._blend
+        self._remote_tokens_unreported = {
+            e: t for e, t in self._remote_tokens.items() if e not in blend
+        }
 
     def _fresh(self, engine: str, now: float) -> _Reported | None:
         r = self._reported.get(engine)
@@ -331,9 +336,7 @@ class LoadBook:
                 req[e] = req.get(e, 0) + ld.requests
                 tok[e] = tok.get(e, 0) + ld.tokens
         self._remote_requests, self._remote_tokens = req, tok
-        reported = self._reported
-        for e in self._blend:
-            self._blend[e] = reported[e].requests(req.get(e, 0))
+        self._unreported_tokens()
         heat: dict[int, int] = {}
         for hot in self._remote_heat.values():
             for k, n in hot.items():

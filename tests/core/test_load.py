@@ -101,29 +101,38 @@ def test_loadbook_never_below_own_in_flight() -> None:
     assert book.requests([E], now=1.1) == [3]
 
 
-def test_loadbook_report_with_peer_load_never_below_fleet_figure() -> None:
+def test_loadbook_fresh_report_stands_in_for_the_peers_figures() -> None:
+    book = LoadBook()
+    book.peer_report("peer", {E: Load(5, 50), "quiet": Load(3, 30)})
+    book.acquire(E, 10, now=0.5)
+    assert book.requests([E, "quiet"], now=0.6) == [6, 3]
+    assert book.tokens([E, "quiet"]) == [60, 30]
+    # The engine's own report counts every replica's requests at its time; the peer's late
+    # figures are not added to it, nor its queued tokens; the engine with no report keeps them.
+    book.engine_report(E, EngineReport(running=4, waiting=2), at=1.0)
+    assert book.requests([E, "quiet"], now=1.1) == [6, 3]
+    assert book.tokens([E, "quiet"]) == [10, 30]
+    book.peer_report("peer", {E: Load(9, 90), "quiet": Load(1, 10)})
+    assert book.requests([E, "quiet"], now=1.2) == [6, 1]
+    # This replica's own traffic since the report is exact, and counts.
+    book.acquire(E, 10, now=1.3)
+    book.release(E, 10, sent_at=0.5)  # in flight at the report, finished since
+    assert book.requests([E], now=1.4) == [6] and book.queued(E, now=1.4) == 1
+    # Stale, the report gives way to the figures of every replica again.
+    later = 1.0 + book.stale_after + 0.1
+    assert book.requests([E], now=later) == [10]
+    assert book.tokens([E]) == [100]
+
+
+def test_loadbook_report_never_below_own_with_peers_about() -> None:
     book = LoadBook()
     book.peer_report("peer", {E: Load(5, 50)})
-    book.engine_report(E, EngineReport(running=2), at=1.0)
-    assert book.requests([E], now=1.0) == [5]
-
-
-def test_loadbook_report_follows_what_peers_sent_and_finished_since() -> None:
-    book = LoadBook()
-    book.peer_report("peer", {E: Load(6, 0)})
-    book.engine_report(E, EngineReport(running=4, waiting=2), at=1.0)  # the peer's six
-    assert book.requests([E], now=1.1) == [6] and book.queued(E, now=1.1) == 2
-    # Two of the peer's requests finish: their slots go to the two waiting.
-    book.peer_report("peer", {E: Load(4, 0)})
-    assert book.requests([E], now=1.2) == [4] and book.queued(E, now=1.2) == 0
-    book.peer_report("peer", {E: Load(7, 0)})  # three more sent since the report
-    assert book.requests([E], now=1.3) == [7]
-    # Work no router sent still counts: the report's eight hold one from elsewhere.
-    book.engine_report(E, EngineReport(running=8), at=1.4)
-    book.peer_report("peer", {E: Load(5, 0)})
-    assert book.requests([E], now=1.5) == [6]
-    book.forget_peer("peer")  # its requests leave with it, the others stay
-    assert book.requests([E], now=1.6) == [1]
+    for t in (1.1, 1.2, 1.3):
+        book.acquire(E, 1, now=t)
+    book.engine_report(E, EngineReport(running=1), at=1.0)
+    assert book.requests([E], now=1.4) == [4]  # its one, and the three sent since
+    book.drop_engine_report(E)
+    assert book.requests([E], now=1.5) == [8] and book.tokens([E]) == [53]
 
 
 def test_loadbook_prefilled_tokens_leave_the_queue_not_the_request() -> None:
