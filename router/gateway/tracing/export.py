@@ -34,14 +34,15 @@ class SpanExport:
 
     def __init__(self, export: TraceExport, send: Transport | None = None) -> None:
         d = export.delivery
-        resource = [*((k, v) for k, v in d.resource if k != "service.name")]
-        resource += [
-            ("service.name", export.service_name),
-            ("telemetry.sdk.language", "python"),
-            ("telemetry.sdk.name", "kvrouter"),
-            ("telemetry.sdk.version", __version__),
-        ]
-        self._encoder = Encoder(resource, "kvrouter", __version__)
+        # OTEL_RESOURCE_ATTRIBUTES first: the service's name and the SDK's own keys win.
+        resource = {
+            **dict(d.resource),
+            "service.name": export.service_name,
+            "telemetry.sdk.language": "python",
+            "telemetry.sdk.name": "kvrouter",
+            "telemetry.sdk.version": __version__,
+        }
+        self._encoder = Encoder(resource.items(), "kvrouter", __version__)
         self._transport = send or transport(export)
         self._delay, self._timeout, self._deadline = d.schedule_delay, d.timeout, d.export_timeout
         self._max_queue, self._max_batch = d.max_queue, d.max_batch

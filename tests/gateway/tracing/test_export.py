@@ -60,21 +60,25 @@ def test_export_sends_full_batches_and_the_rest_at_close() -> None:
 
 
 def test_export_full_queue_drops_the_newest_and_counts_them() -> None:
-    blocked = threading.Event()
+    sending, blocked = threading.Event(), threading.Event()
 
     class Stuck(Captured):
         def send(self, body: bytes, timeout: float) -> None:
+            sending.set()
             blocked.wait(10)
             super().send(body, timeout)
 
     sent = Stuck()
-    out = SpanExport(export(replace(SLOW, max_batch=8)), sent)
-    for n in range(12):  # the queue holds 8
+    out = SpanExport(export(replace(SLOW, max_queue=8, max_batch=4)), sent)
+    for n in range(4):  # a full batch: the export thread takes it and is stuck sending it
+        out.add(span(n))
+    assert sending.wait(5.0)
+    for n in range(4, 16):  # the queue holds eight of these twelve
         out.add(span(n))
     assert out.dropped == 4
     blocked.set()
     out.close(5.0)
-    assert [s.name for s in sent.spans()] == [f"s{n}" for n in range(8)]
+    assert [s.name for s in sent.spans()] == [f"s{n}" for n in range(12)]
 
 
 class Flaky(Captured):
