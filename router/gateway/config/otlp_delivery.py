@@ -54,13 +54,18 @@ class Delivery:
 _DEFAULT = Delivery()
 
 
-def _var(environ: Mapping[str, str], name: str) -> tuple[str, str]:
-    """The traces-only variable if set, else the general one: (its name, its value)."""
-    for n in (f"OTEL_EXPORTER_OTLP_TRACES_{name}", f"OTEL_EXPORTER_OTLP_{name}"):
-        value = environ.get(n, "").strip()
+def first_set(environ: Mapping[str, str], *names: str) -> tuple[str, str]:
+    """The first of ``names`` that is set and not blank, and its value; ("", "") if none."""
+    for name in names:
+        value = environ.get(name, "").strip()
         if value:
-            return n, value
+            return name, value
     return "", ""
+
+
+def _otlp(environ: Mapping[str, str], name: str) -> tuple[str, str]:
+    """The traces-only exporter variable if set, else the general one."""
+    return first_set(environ, f"OTEL_EXPORTER_OTLP_TRACES_{name}", f"OTEL_EXPORTER_OTLP_{name}")
 
 
 def pairs(name: str, value: str) -> tuple[tuple[str, str], ...]:
@@ -89,12 +94,8 @@ def _millis(name: str, raw: str, default: float) -> float:
     return ms / 1000
 
 
-def _bsp(environ: Mapping[str, str], name: str) -> tuple[str, str]:
-    return name, environ.get(name, "").strip()
-
-
 def _count(environ: Mapping[str, str], name: str, default: int) -> int:
-    raw = environ.get(name, "").strip()
+    _, raw = first_set(environ, name)
     if not raw:
         return default
     if not raw.isdigit() or int(raw) < 1:
@@ -104,12 +105,12 @@ def _count(environ: Mapping[str, str], name: str, default: int) -> int:
 
 def delivery(environ: Mapping[str, str]) -> Delivery:
     """The delivery ``environ`` asks for."""
-    name, raw = _var(environ, "HEADERS")
+    name, raw = _otlp(environ, "HEADERS")
     headers = pairs(name, raw) if raw else ()
-    name, compression = _var(environ, "COMPRESSION")
+    name, compression = _otlp(environ, "COMPRESSION")
     if compression and compression.lower() not in COMPRESSIONS:
         raise ConfigError(f"{name}={compression!r}: give gzip or none")
-    name, insecure = _var(environ, "INSECURE")
+    name, insecure = _otlp(environ, "INSECURE")
     if insecure and insecure.lower() not in ("true", "false"):
         raise ConfigError(f"{name}={insecure!r}: give true or false")
     max_queue = _count(environ, "OTEL_BSP_MAX_QUEUE_SIZE", _DEFAULT.max_queue)
@@ -119,18 +120,22 @@ def delivery(environ: Mapping[str, str]) -> Delivery:
             f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE={max_batch} is above "
             f"OTEL_BSP_MAX_QUEUE_SIZE={max_queue}"
         )
-    resource = environ.get("OTEL_RESOURCE_ATTRIBUTES", "").strip()
+    _, resource = first_set(environ, "OTEL_RESOURCE_ATTRIBUTES")
     return Delivery(
         headers=headers,
-        timeout=_millis(*_var(environ, "TIMEOUT"), _DEFAULT.timeout),
+        timeout=_millis(*_otlp(environ, "TIMEOUT"), _DEFAULT.timeout),
         gzip=compression.lower() == "gzip",
         insecure=insecure.lower() == "true" if insecure else None,
-        certificate=_var(environ, "CERTIFICATE")[1],
-        client_key=_var(environ, "CLIENT_KEY")[1],
-        client_certificate=_var(environ, "CLIENT_CERTIFICATE")[1],
-        schedule_delay=_millis(*_bsp(environ, "OTEL_BSP_SCHEDULE_DELAY"), _DEFAULT.schedule_delay),
+        certificate=_otlp(environ, "CERTIFICATE")[1],
+        client_key=_otlp(environ, "CLIENT_KEY")[1],
+        client_certificate=_otlp(environ, "CLIENT_CERTIFICATE")[1],
+        schedule_delay=_millis(
+            *first_set(environ, "OTEL_BSP_SCHEDULE_DELAY"), _DEFAULT.schedule_delay
+        ),
         max_queue=max_queue,
         max_batch=max_batch,
-        export_timeout=_millis(*_bsp(environ, "OTEL_BSP_EXPORT_TIMEOUT"), _DEFAULT.export_timeout),
+        export_timeout=_millis(
+            *first_set(environ, "OTEL_BSP_EXPORT_TIMEOUT"), _DEFAULT.export_timeout
+        ),
         resource=pairs("OTEL_RESOURCE_ATTRIBUTES", resource) if resource else (),
     )

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from router.core.fields import ConfigError, ConfigFields
-from router.gateway.config.otlp_delivery import Delivery, delivery
+from router.gateway.config.otlp_delivery import Delivery, delivery, first_set
 
 PROTOCOLS = ("grpc", "http/protobuf")
 # The collector's usual address on each protocol (OpenTelemetry's defaults).
@@ -87,32 +87,23 @@ def tracing(f: ConfigFields | None) -> TracingSettings:
     return out
 
 
-def _var(environ: Mapping[str, str], *names: str) -> tuple[str, str]:
-    """The first of ``names`` that is set and not blank, and its value; ("", "") if none."""
-    for name in names:
-        value = environ.get(name, "").strip()
-        if value:
-            return name, value
-    return "", ""
-
-
 def export(settings: TracingSettings, environ: Mapping[str, str]) -> TraceExport | None:
     """The export ``settings`` and ``environ`` ask for; None: tracing is off."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
-    name, exporter = _var(environ, "OTEL_TRACES_EXPORTER")
+    name, exporter = first_set(environ, "OTEL_TRACES_EXPORTER")
     if exporter and exporter.lower() not in ("otlp", "none"):
         raise ConfigError(f"{name}={exporter!r}: kvrouter exports traces as otlp (or none)")
     if not (exporter.lower() == "otlp" if exporter else settings.enabled):
         return None
-    name, protocol = _var(
+    name, protocol = first_set(
         environ, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"
     )
     protocol = protocol or settings.protocol
     if protocol not in PROTOCOLS:
         raise ConfigError(f"{name}={protocol!r}: give one of {', '.join(PROTOCOLS)}")
     endpoint = _endpoint(settings, environ, protocol)
-    name, sampler = _var(environ, "OTEL_TRACES_SAMPLER")
+    name, sampler = first_set(environ, "OTEL_TRACES_SAMPLER")
     ratio = settings.sample_ratio
     if sampler:
         sampler = sampler.lower()
@@ -121,14 +112,14 @@ def export(settings: TracingSettings, environ: Mapping[str, str]) -> TraceExport
         ratio = _ratio(environ, ratio) if sampler.endswith("traceidratio") else 1.0
     else:
         sampler = "parentbased_traceidratio"
-    _, service = _var(environ, "OTEL_SERVICE_NAME")
+    _, service = first_set(environ, "OTEL_SERVICE_NAME")
     service = service or settings.service_name
     return TraceExport(endpoint, protocol, sampler, ratio, service, delivery(environ))
 
 
 def _endpoint(settings: TracingSettings, environ: Mapping[str, str], protocol: str) -> str:
-    _, exact = _var(environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    _, base = _var(environ, "OTEL_EXPORTER_OTLP_ENDPOINT")
+    _, exact = first_set(environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    _, base = first_set(environ, "OTEL_EXPORTER_OTLP_ENDPOINT")
     if exact:
         return exact
     if base:
@@ -141,7 +132,7 @@ def _endpoint(settings: TracingSettings, environ: Mapping[str, str], protocol: s
 
 
 def _ratio(environ: Mapping[str, str], default: float) -> float:
-    name, arg = _var(environ, "OTEL_TRACES_SAMPLER_ARG")
+    name, arg = first_set(environ, "OTEL_TRACES_SAMPLER_ARG")
     if not arg:
         return default
     try:
