@@ -21,6 +21,7 @@ setup(
                 "router/core/hotpath-c/hotpath.c",
                 "router/core/hotpath-c/scoring.c",
                 "router/core/hotpath-c/otlp.c",
+                "router/core/hotpath-c/lru.c",
             ],
             depends=["router/core/hotpath-c/hotpath.h", "router/core/hotpath-c/xxhash.h"],
             extra_compile_args=EXACT_FLOATS,

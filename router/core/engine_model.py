@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from router.core.lru import LruKeys
+from router.core.lru import lru_keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +100,7 @@ class PrefixCache:
 
     def __init__(self, capacity_tokens: int, block_tokens: int) -> None:
         self.block_tokens = block_tokens
-        self._blocks = LruKeys(max(1, capacity_tokens // block_tokens))
+        self._blocks = lru_keys(max(1, capacity_tokens // block_tokens))
 
     def __len__(self) -> int:
         return len(self._blocks)

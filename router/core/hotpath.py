@@ -1,16 +1,15 @@
 """Which implementation runs the decision's hot loops: the compiled one, or the reference.
 
-The extension module ``_hotpath`` next to this one (C, ``router/core/hotpath-c/hotpath.c``)
-does the per-block and per-engine loops of a decision: the chained block hashes
-(``core.blocks``), the longest-prefix walk per engine (``core.index``), the LRU touches
-(``core.lru``), the claims (``core.predictions``), the shortlist's passes and narrowing
-(``core.shortlist``), the bounded-load cap (``core.ring``), the scorers' per-candidate
+The extension module ``_hotpath`` next to this one (C, ``router/core/hotpath-c/hotpath.c``) does
+the per-block and per-engine loops of a decision: the chained block hashes (``core.blocks``),
+the longest-prefix walk per engine (``core.index``), the LRU sets of block keys themselves
+(``core.lru``, a compiled type), the claims (``core.predictions``), the shortlist's passes and
+narrowing (``core.shortlist``), the bounded-load cap (``core.ring``), the scorers' per-candidate
 arithmetic and the weighted totals (``core.scorers``) and the ranking of the fallbacks
 (``core.pickers``); and, outside the decision, the trace spans' OTLP encoding
 (``router.gateway.tracing.otlp``). Each of those modules keeps its pure-Python loop as the
-reference:
-property tests hold the two to identical results, and it runs wherever the extension is
-missing (no C compiler at install time: a warning says so once) or unwanted
+reference: property tests hold the two to identical results, and it runs wherever the extension
+is missing (no C compiler at install time: a warning says so once) or unwanted
 (``KVROUTER_PURE_PYTHON=1`` in the environment), and for figures the compiled code does not
 compute exactly in 64 bits (it raises, and the caller runs the reference).
 
@@ -23,8 +22,11 @@ from __future__ import annotations
 import os
 import warnings
 from array import array
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from router.core.lru import Lru
 
 # Set to 1 to run the pure-Python reference although the compiled extension is installed.
 PURE_PYTHON_VARIABLE = "KVROUTER_PURE_PYTHON"
@@ -41,21 +43,16 @@ class Native(Protocol):
         self, data: bytes | memoryview | array[int], size: int, seed: int, /
     ) -> list[int]: ...
     def text_chain(self, text: str, size: int, seed: int, /) -> list[int]: ...
-    def leading(
-        self, table: dict[int, float], keys: Sequence[int], horizon: float | None, /
-    ) -> int: ...
     def overlaps(
         self,
-        tables: dict[str, dict[int, float]],
+        tables: Mapping[str, object],
         engines: Sequence[str],
         keys: Sequence[int],
         now: float | None,
         ttls: dict[str, float],
         /,
     ) -> list[int]: ...
-    def touch(
-        self, table: dict[int, float], keys: Sequence[int], now: float, reverse: bool, /
-    ) -> None: ...
+    def Lru(self, capacity: int, ttl: float | None, /) -> Lru: ...  # a class: the compiled LRU set
     def discard(self, table: dict[int, Any], keys: Iterable[int], /) -> list[int]: ...
     def claim(self, counts: dict[int, int], keys: Iterable[int], /) -> None: ...
     def withdraw(self, counts: dict[int, int], keys: Iterable[int], /) -> list[int]: ...

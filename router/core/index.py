@@ -1,10 +1,12 @@
 """Which engine holds which block keys: the router's belief about every engine's prefix cache.
 
-Each engine has an ``LruKeys`` with the capacity of the engine's own cache, so the belief
-forgets blocks in the order the engine evicts them. Every change made here is also returned as
-a ``Delta``: the serialisable unit that gossip carries between router replicas and that KV
-events from engines are translated into. Applying a delta is idempotent (each origin numbers
-its deltas; a number seen before is ignored) and deltas of one origin may arrive in any order.
+Each engine has an LRU set of keys (``core.lru``) with the capacity of the engine's own cache,
+so the belief forgets blocks in the order the engine evicts them. Every change made here is also
+returned as a ``Delta``: the serialisable unit that gossip carries between router replicas and
+that KV events from engines are translated into. Applying a delta is idempotent (each origin
+numbers its deltas; a number seen before is ignored) and deltas of one origin may arrive in any
+order.
+
 
 Entries have a source. *Approximate* entries are the router's belief (what it routed where);
 *predicted* ones are approximate entries still provisional (``core.predictions``). *Event*
@@ -16,13 +18,13 @@ same global cap and are shed the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import contains
 
 from router.core import hotpath
-from router.core.lru import LruKeys
+from router.core.lru import Lru, lru_keys
 from router.core.seq import SeqWindow
 
 
@@ -57,17 +59,17 @@ class BlockIndex:
         """An empty index; its deltas are numbered from ``seq + 1`` under ``origin``."""
         self.limits = limits
         self.origin = origin
-        self._engines: dict[str, LruKeys] = {}
-        # engine -> its keys' table, for the one membership probe per engine on every decision,
+        self._engines: dict[str, Lru] = {}
+        # engine -> what the compiled walk probes (its LRU's ``table()``), on every decision,
         # and the engines whose entries age out (their LRU's age limit).
-        self._tables: dict[str, dict[int, float]] = {}
+        self._tables: dict[str, Container[int]] = {}
         self._ttls: dict[str, float] = {}
         self._capacity_override: dict[str, int] = {}
         self._seq = seq
         self._seen: dict[str, SeqWindow] = {}
         self._entries = 0
         # engine -> medium -> event keys (the engine's own word)
-        self._events: dict[str, dict[str, LruKeys]] = {}
+        self._events: dict[str, dict[str, Lru]] = {}
 
     # -- engines -----------------------------------------------------------------------------
 
@@ -82,7 +84,7 @@ class BlockIndex:
         cap = self._capacity_override.get(engine, self.limits.engine_capacity_blocks)
         lru = self._engines.get(engine)
         if lru is None:
-            lru = self._engines[engine] = LruKeys(cap, self.limits.ttl_seconds)
+            lru = self._engines[engine] = lru_keys(cap, self.limits.ttl_seconds)
             self._tables[engine] = lru.table()
             if lru.ttl is not None:
                 self._ttls[engine] = lru.ttl
@@ -203,7 +205,7 @@ class BlockIndex:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _lru(self, engine: str) -> LruKeys:
+    def _lru(self, engine: str) -> Lru:
         lru = self._engines.get(engine)
         if lru is None:
             self.add_engine(engine)
@@ -252,7 +254,7 @@ class BlockIndex:
         lru = media.get(medium)
         if lru is None:
             # The global cap bounds event entries; the engine's removals keep them exact.
-            lru = media[medium] = LruKeys(self.limits.max_entries)
+            lru = media[medium] = lru_keys(self.limits.max_entries)
         before = len(lru)
         lru.touch_chain(keys, now)
         self._entries += len(lru) - before

@@ -2,7 +2,9 @@
 
 Both the router's block index (its belief about an engine's cache) and the simulated engine's
 prefix cache (the truth) use this one structure, so the belief models the truth exactly when
-they see the same traffic.
+they see the same traffic. ``lru_keys`` makes one: the compiled ``Lru`` where the extension
+runs (``router/core/hotpath-c/lru.c``: keys and times in C arrays, about 50 bytes an entry),
+else ``LruKeys``, the pure-Python reference below; both have the face ``Lru`` describes.
 
 A plain ``dict`` keeps insertion order, so re-inserting a key moves it to the most-recent end.
 Eviction takes the oldest keys from the front in batches: a dict leaves a dummy slot for every
@@ -13,8 +15,9 @@ skipping those dummies amortised to a few nanoseconds per insert. A plain dict c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, KeysView, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from itertools import islice
+from typing import Protocol
 
 from router.core import hotpath
 
@@ -23,8 +26,39 @@ from router.core import hotpath
 EVICT_BATCH_DIVISOR = 64
 
 
+class Lru(Protocol):
+    """What both implementations offer (``LruKeys`` documents each operation)."""
+
+    capacity: int
+
+    @property
+    def ttl(self) -> float | None: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[int]: ...
+    def __contains__(self, key: object) -> bool: ...
+    def keys(self) -> Container[int]: ...
+    def items(self) -> list[tuple[int, float]]: ...
+    def table(self) -> Container[int]: ...
+    def touch(self, keys: Sequence[int], now: float, /) -> list[int]: ...
+    def touch_chain(self, chain: Sequence[int], now: float, /) -> list[int]: ...
+    def evict(self, count: int, /) -> list[int]: ...
+    def expire(self, now: float, /) -> list[int]: ...
+    def discard(self, keys: Iterable[int], /) -> list[int]: ...
+    def clear(self) -> None: ...
+    def evicted_age(self, count: int, now: float, /) -> float | None: ...
+    def leading_since(self, keys: Sequence[int], since: float, /) -> int: ...
+    def leading(self, keys: Sequence[int], now: float | None = None, /) -> int: ...
+
+
+def lru_keys(capacity: int, ttl: float | None = None) -> Lru:
+    """An empty set: the compiled one where the extension runs (keys must then be 64-bit
+    unsigned, as block keys are), else the reference."""
+    native = hotpath.native
+    return LruKeys(capacity, ttl) if native is None else native.Lru(capacity, ttl)
+
+
 class LruKeys:
-    """Keys in recency order with a capacity and an optional age limit.
+    """Keys in recency order with a capacity and an optional age limit: the reference.
 
     The value stored per key is the time it was last touched; callers pass the time in.
     """
@@ -47,12 +81,17 @@ class LruKeys:
     def __contains__(self, key: object) -> bool:
         return key in self._keys
 
-    def keys(self) -> KeysView[int]:
+    def keys(self) -> Container[int]:
         """A live, read-only view of the keys: membership probes on hot paths run in C."""
         return self._keys.keys()
 
+    def items(self) -> list[tuple[int, float]]:
+        """(key, time last touched) pairs, least recently touched first."""
+        return list(self._keys.items())
+
     def table(self) -> dict[int, float]:
-        """The live table (key -> time last touched), for walks that run in C; read it only."""
+        """The live table (key -> time last touched), which the compiled overlaps walk probes
+        when an index made by the reference meets the compiled code; read it only."""
         return self._keys
 
     def touch(self, keys: Sequence[int], now: float) -> list[int]:
@@ -70,14 +109,10 @@ class LruKeys:
 
     def _touch(self, keys: Sequence[int], now: float, reverse: bool) -> list[int]:
         d = self._keys
-        native = hotpath.native
-        if native is not None:
-            native.touch(d, keys, now, reverse)
-        else:
-            pop = d.pop
-            for k in reversed(keys) if reverse else keys:
-                pop(k, None)
-                d[k] = now
+        pop = d.pop
+        for k in reversed(keys) if reverse else keys:
+            pop(k, None)
+            d[k] = now
         if len(d) > self.capacity:
             return self.evict(len(d) - self.capacity + self.capacity // EVICT_BATCH_DIVISOR)
         return []
@@ -107,9 +142,6 @@ class LruKeys:
 
     def discard(self, keys: Iterable[int]) -> list[int]:
         """Remove ``keys`` where present; return the ones that were."""
-        native = hotpath.native
-        if native is not None:
-            return native.discard(self._keys, keys)
         pop = self._keys.pop
         return [k for k in keys if pop(k, None) is not None]
 
@@ -147,11 +179,6 @@ class LruKeys:
         missing block in O(log n) probes instead of walking the whole shared prefix.
         """
         d = self._keys
-        native = hotpath.native
-        if native is not None:
-            return native.leading(
-                d, keys, None if now is None or self.ttl is None else now - self.ttl
-            )
         if now is None or self.ttl is None:
 
             def held(i: int) -> bool:

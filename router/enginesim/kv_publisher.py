@@ -1,7 +1,7 @@
 """engine-sim's KV cache events, published the way vLLM publishes them.
 
 ``CacheEvents`` (pure) watches the prefix cache's admissions through a mirror with the cache's
-own capacity and eviction rule (``LruKeys``, touched the same way), so it knows exactly which
+own capacity and eviction rule (``core.lru``, touched the same way), so it knows exactly which
 blocks each request stored and which it evicted, and writes them as vLLM's events: a batch
 ``[ts, events, data_parallel_rank]`` of ``BlockStored`` / ``BlockRemoved`` /
 ``AllBlocksCleared``, each event a tagged array (vLLM before 0.24) or a map with a ``type``
@@ -30,7 +30,7 @@ import msgpack  # type: ignore[import-untyped]  # ships no type information
 import zmq
 import zmq.asyncio
 
-from router.core.lru import LruKeys
+from router.core.lru import lru_keys
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class CacheEvents:
     def __init__(
         self, capacity_blocks: int, block_tokens: int, encoding: Encoding, hashes: HashKind
     ):
-        self._mirror = LruKeys(max(1, capacity_blocks))
+        self._mirror = lru_keys(max(1, capacity_blocks))
         self.block_tokens = block_tokens
         self.encoding = encoding
         self.hashes = hashes

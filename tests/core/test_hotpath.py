@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from router.core import hotpath
 from router.core.blocks import RoutingText, block_keys, token_keys
 from router.core.decision import RoutingCore
 from router.core.index import BlockIndex, Delta, IndexLimits
-from router.core.lru import LruKeys
+from router.core.lru import Lru, LruKeys, lru_keys
 from router.core.policy import Policy, load_policy_text
 from router.core.predictions import Predictions
 from router.core.ring import under_cap
@@ -132,7 +133,7 @@ OP = st.one_of(
 )
 
 
-def _lru_step(lru: LruKeys, op: str, arg: Any, now: float) -> object:
+def _lru_step(lru: Lru, op: str, arg: Any, now: float) -> object:
     if op == "touch":
         return lru.touch(arg, now)
     if op == "chain":
@@ -155,14 +156,69 @@ def _lru_step(lru: LruKeys, op: str, arg: Any, now: float) -> object:
 def test_lru_identical_over_random_operations(
     capacity: int, ttl: float | None, ops: list[tuple[str, Any]]
 ) -> None:
-    fast, slow = LruKeys(capacity, ttl), LruKeys(capacity, ttl)
+    fast = lru_keys(capacity, ttl)
+    with reference():
+        slow = lru_keys(capacity, ttl)
+    assert not isinstance(fast, LruKeys) and isinstance(slow, LruKeys)
     for step, (op, arg) in enumerate(ops):
         now = step * 0.5
         a = _lru_step(fast, op, arg, now)
-        with reference():
-            b = _lru_step(slow, op, arg, now)
+        b = _lru_step(slow, op, arg, now)
         assert a == b, (step, op)
-        assert list(fast.table().items()) == list(slow.table().items())
+        assert fast.items() == slow.items()
+        assert (len(fast), list(fast)) == (len(slow), list(slow))
+        assert fast.evicted_age(capacity // 2 + 1, now) == slow.evicted_age(capacity // 2 + 1, now)
+
+
+@needs_compiled
+@pytest.mark.parametrize("ttl", [None, 30.0])
+def test_lru_identical_at_scale(ttl: float | None) -> None:
+    # Hypothesis' small sets rarely grow the compiled table or compact its log more than a
+    # few times: thousands of chains of 64-bit keys, re-touched, discarded and expired, do.
+    rng = random.Random(7)
+    pool = [rng.getrandbits(64) for _ in range(3000)]
+    fast = lru_keys(500, ttl)
+    with reference():
+        slow = lru_keys(500, ttl)
+    for step in range(3000):
+        now = step * 0.1
+        start = rng.randrange(len(pool) - 64)
+        chain = pool[start : start + rng.randint(1, 64)]
+        roll = rng.random()
+        a: object
+        b: object
+        if roll < 0.6:
+            a, b = fast.touch_chain(chain, now), slow.touch_chain(chain, now)
+        elif roll < 0.75:
+            a, b = fast.discard(chain[::3]), slow.discard(chain[::3])
+        elif roll < 0.85:
+            a, b = fast.expire(now), slow.expire(now)
+        elif roll < 0.95:
+            a = (fast.leading(chain, now), fast.leading_since(chain, now - 5))
+            b = (slow.leading(chain, now), slow.leading_since(chain, now - 5))
+        else:
+            count = rng.randint(0, 40)
+            a = (fast.evicted_age(200, now), fast.evict(count))
+            b = (slow.evicted_age(200, now), slow.evict(count))
+        assert a == b, step
+        if step % 100 == 0:
+            assert fast.items() == slow.items(), step
+    assert fast.items() == slow.items()
+
+
+@needs_compiled
+def test_compiled_lru_refuses_keys_outside_64_bits_and_keeps_its_state() -> None:
+    lru = lru_keys(10)
+    lru.touch_chain([1, 2, 3], 1.0)
+    for bad in ([4, -1], [2**64], [5, "x"]):
+        with pytest.raises((OverflowError, TypeError)):
+            lru.touch(bad, 2.0)  # type: ignore[arg-type]
+        assert lru.items() == [(3, 1.0), (2, 1.0), (1, 1.0)]
+    # Asked about, such keys are simply not held.
+    assert -1 not in lru and 2**64 not in lru and "x" not in lru
+    assert lru.leading([-1, 1]) == 0 and lru.leading([3, 2**64, 1]) == 1
+    assert lru.discard([-1, 2, 2**70]) == [2] and len(lru) == 2
+    assert lru.leading_since([3, -5], 0.0) == 1
 
 
 ENGINES = ["e0", "e1", "e2", "e3", "e4"]

@@ -10,9 +10,9 @@
  * over dicts, lists and byte buffers, which the C API expresses directly, and the build then
  * needs nothing beyond a C compiler and the Python headers (no build dependency from PyPI).
  *
- * Block keys and LRU times stay ordinary Python objects in ordinary dicts: the compiled and
- * the pure code share one data layout, so memory per index entry is unchanged and either
- * implementation can take over the other's state.
+ * The LRU sets of block keys are a type of their own, ``Lru`` (lru.c): keys and times in
+ * plain C arrays rather than Python objects in a dict, which is what makes a touch cheap and
+ * an index entry smaller. Claims stay ordinary dicts, shared with the reference.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -181,26 +181,9 @@ leading(PyObject *table, PyObject **keys, Py_ssize_t n, PyObject *horizon)
     return lo + 1;
 }
 
-static PyObject *
-hp_leading(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 3 || !PyDict_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "leading(table: dict, keys, horizon)");
-        return NULL;
-    }
-    PyObject *seq = PySequence_Fast(args[1], "keys must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    PyObject *horizon = args[2] == Py_None ? NULL : args[2];
-    Py_ssize_t n = leading(
-        args[0], PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), horizon);
-    Py_DECREF(seq);
-    return n < 0 ? NULL : PyLong_FromSsize_t(n);
-}
-
 /* overlaps(tables, engines, keys, now, ttls): per engine, the leading blocks of ``keys`` its
- * table (``tables[engine]``, a dict) holds; an engine in ``ttls`` counts only blocks touched
- * after ``now - ttls[engine]`` (when ``now`` is not None). */
+ * table (``tables[engine]``: a compiled ``Lru``, or the reference's dict) holds; an engine in
+ * ``ttls`` counts only blocks touched after ``now - ttls[engine]`` (when ``now`` is not None). */
 static PyObject *
 hp_overlaps(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -229,8 +212,16 @@ hp_overlaps(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *table = n ? PyDict_GetItemWithError(tables, names[i]) : NULL;
         if (table == NULL && PyErr_Occurred())
             goto fail;
+        if (table != NULL && Py_IS_TYPE(table, &LruType)) {
+            PyObject *ttl = timed ? PyDict_GetItemWithError(ttls, names[i]) : NULL;
+            PyObject *horizon = ttl != NULL ? PyNumber_Subtract(now, ttl) : NULL;
+            depth = PyErr_Occurred() ? -1 : lru_leading(table, ks, n, horizon);
+            Py_XDECREF(horizon);
+            if (depth < 0)
+                goto fail;
+        }
         /* Most engines do not hold the first block: one probe rules them out. */
-        if (table != NULL && PyDict_Check(table)) {
+        else if (table != NULL && PyDict_Check(table)) {
             int first = PyDict_Contains(table, ks[0]);
             if (first < 0)
                 goto fail;
@@ -281,35 +272,6 @@ pop_key(PyObject *d, PyObject *key)
     Py_DECREF(v);
     return present;
 #endif
-}
-
-/* touch(table, keys, now, reverse): each key (the last one last, or with ``reverse`` the
- * first one last) removed and inserted again with the value ``now``: most recent at the end. */
-static PyObject *
-hp_touch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 4 || !PyDict_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "touch(table: dict, keys, now, reverse)");
-        return NULL;
-    }
-    PyObject *d = args[0], *now = args[2];
-    int reverse = PyObject_IsTrue(args[3]);
-    if (reverse < 0)
-        return NULL;
-    PyObject *seq = PySequence_Fast(args[1], "keys must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **ks = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t j = 0; j < n; j++) {
-        PyObject *k = ks[reverse ? n - 1 - j : j];
-        if (pop_key(d, k) < 0 || PyDict_SetItem(d, k, now) < 0) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-    }
-    Py_DECREF(seq);
-    Py_RETURN_NONE;
 }
 
 /* discard(table, keys): remove the keys present; the list of those that were. */
@@ -651,12 +613,8 @@ static PyMethodDef methods[] = {
      "chain(data, size, seed): chained xxh3_64 keys of the full blocks of size bytes."},
     {"text_chain", (PyCFunction)(void (*)(void))hp_text_chain, METH_FASTCALL,
      "text_chain(text, size, seed): chained keys of the full blocks of size characters."},
-    {"leading", (PyCFunction)(void (*)(void))hp_leading, METH_FASTCALL,
-     "leading(table, keys, horizon): leading keys held (touched after horizon if not None)."},
     {"overlaps", (PyCFunction)(void (*)(void))hp_overlaps, METH_FASTCALL,
      "overlaps(tables, engines, keys, now, ttls): leading keys each engine's table holds."},
-    {"touch", (PyCFunction)(void (*)(void))hp_touch, METH_FASTCALL,
-     "touch(table, keys, now, reverse): reinsert each key with now, the last (first) last."},
     {"discard", (PyCFunction)(void (*)(void))hp_discard, METH_FASTCALL,
      "discard(table, keys): remove the keys present; those that were."},
     {"claim", (PyCFunction)(void (*)(void))hp_claim, METH_FASTCALL,
@@ -684,13 +642,26 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static int
+exec_module(PyObject *m)
+{
+    if (PyType_Ready(&LruType) < 0)
+        return -1;
+    return PyModule_AddObjectRef(m, "Lru", (PyObject *)&LruType);
+}
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, exec_module},
+    {0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     "router.core._hotpath",
     "The routing decision's per-block and per-engine loops, compiled (router.core.hotpath).",
     0,
     methods,
-    NULL, /* m_slots */
+    slots,
     NULL, /* m_traverse */
     NULL, /* m_clear */
     NULL, /* m_free */
