@@ -41,7 +41,7 @@ from router.commands.demo_workload import (
 )
 from router.commands.fleet import Proc, metric, running, start, wait_until
 from router.core.workload import TraceRequest, synthetic
-from router.hostport import LOOPBACK
+from router.hostport import LOOPBACK, free_ports
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,14 +124,16 @@ async def _main(args: argparse.Namespace, workdir: Path) -> list[PhaseResult]:
     install_policy("round-robin", policy_file)
     with running() as procs:
         print(f"starting {ENGINES} engine-sims and the gateway (logs: {log})")
-        for i in range(ENGINES):
-            procs.append(
-                start(["engine-sim", *ENGINE_FLAGS], log, name=f"engine-{i}", host=LOOPBACK)
-            )
+        # Every port taken at once, so that none comes back twice (see ``demo_kv_events``).
+        *ports, gateway_port = free_ports(ENGINES + 1)
+        for i, port in enumerate(ports):
+            engine = ["engine-sim", *ENGINE_FLAGS]
+            procs.append(start(engine, log, name=f"engine-{i}", port=port, host=LOOPBACK))
         engines = list(procs)
         backends = [a for e in engines for a in ("--backend", e.url)]
         gateway_args = ["serve", *backends, "--policy", str(policy_file)]
-        gateway = start(gateway_args, log, name="gateway", port=args.port, host=LOOPBACK)
+        gateway_port = args.port or gateway_port
+        gateway = start(gateway_args, log, name="gateway", port=gateway_port, host=LOOPBACK)
         procs.append(gateway)
         async with client(args.concurrency) as session:
             await wait_fleet(engines, gateway)

@@ -152,18 +152,22 @@ async def _routing_run(
     with running() as procs:
         engines: list[Proc] = []
         gateway_args = ["serve", "--policy", str(workdir / "policy.yaml")]
+        # Every port taken at once: ports chosen one at a time, each freed before its process
+        # binds it, can come back twice (a gateway once lost its port to an engine's feed).
+        *ports, gateway_port = free_ports(3 * ENGINES + 1)
         for i in range(ENGINES):
-            pub, replay = free_ports(2)
+            port, pub, replay = ports[3 * i : 3 * i + 3]
             events = ["--kv-events-port", str(pub), "--kv-events-replay-port", str(replay)]
             engine_args = ["engine-sim", *ENGINE_FLAGS, *events]
-            e = start(engine_args, log, name=f"engine-{i}", host=LOOPBACK)
+            e = start(engine_args, log, name=f"engine-{i}", port=port, host=LOOPBACK)
             procs.append(e)
             engines.append(e)
             gateway_args += ["--backend", e.url]
             if precise:
                 endpoints = f"tcp://{LOOPBACK}:{pub},tcp://{LOOPBACK}:{replay}"
                 gateway_args += ["--kv-events", f"{e.url}={endpoints}"]
-        gateway = start(gateway_args, log, name="gateway", port=args.port, host=LOOPBACK)
+        gateway_port = args.port or gateway_port
+        gateway = start(gateway_args, log, name="gateway", port=gateway_port, host=LOOPBACK)
         procs.append(gateway)
         async with client(args.concurrency) as session:
             await wait_fleet(engines, gateway)
