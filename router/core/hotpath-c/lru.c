@@ -266,14 +266,17 @@ lru_dealloc(Lru *s)
 
 /* -- scans from the oldest end ---------------------------------------------------------- */
 
-/* Remove and return up to ``count`` of the least recently touched keys. */
+/* Remove and return up to ``count`` of the least recently touched keys; with ``timed``, only
+ * those touched at or before ``horizon`` (the oldest first, stopping at a newer one). */
 static PyObject *
-evict_oldest(Lru *s, Py_ssize_t count)
+pop_oldest(Lru *s, Py_ssize_t count, int timed, double horizon)
 {
     PyObject *out = PyList_New(0);
     while (out != NULL && count > 0 && s->lo < s->hi) {
         Py_ssize_t i;
         if (live(s, s->lo, &i)) {
+            if (timed && s->log[s->lo].t > horizon)
+                break;
             PyObject *k = PyLong_FromUnsignedLongLong(s->log[s->lo].key);
             if (k == NULL || PyList_Append(out, k) < 0) {
                 Py_XDECREF(k);
@@ -299,7 +302,7 @@ lru_evict(Lru *s, PyObject *arg)
         return NULL;
     if (count < 0) /* as islice says */
         return PyErr_Format(PyExc_ValueError, "count must be at least 0, got %zd", count);
-    return evict_oldest(s, count);
+    return pop_oldest(s, count, 0, 0.0);
 }
 
 static PyObject *
@@ -314,26 +317,7 @@ lru_expire(Lru *s, PyObject *now)
     Py_DECREF(h);
     if (horizon == -1.0 && PyErr_Occurred())
         return NULL;
-    PyObject *out = PyList_New(0);
-    while (out != NULL && s->lo < s->hi) {
-        Py_ssize_t i;
-        if (live(s, s->lo, &i)) {
-            if (s->log[s->lo].t > horizon)
-                break;
-            PyObject *k = PyLong_FromUnsignedLongLong(s->log[s->lo].key);
-            if (k == NULL || PyList_Append(out, k) < 0) {
-                Py_XDECREF(k);
-                Py_CLEAR(out);
-                break;
-            }
-            Py_DECREF(k);
-            remove_slot(s, (size_t)i);
-        }
-        s->lo++;
-    }
-    if (s->n == 0)
-        s->lo = s->hi = 0;
-    return out;
+    return pop_oldest(s, PY_SSIZE_T_MAX, 1, horizon);
 }
 
 /* The keys oldest first, or with ``times`` (key, time) pairs. */
@@ -437,7 +421,7 @@ touch(Lru *s, PyObject *keys, PyObject *now_obj, int reverse)
     }
     PyMem_Free(ks);
     if (s->n > s->capacity)
-        return evict_oldest(s, s->n - s->capacity + s->capacity / EVICT_BATCH_DIVISOR);
+        return pop_oldest(s, s->n - s->capacity + s->capacity / EVICT_BATCH_DIVISOR, 0, 0.0);
     return PyList_New(0);
 }
 
